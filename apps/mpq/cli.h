@@ -1,0 +1,55 @@
+#pragma once
+// Shared pieces of the CLI. Each subcommand lives in its own file and only parses, calls lib and
+// prints; the table in main.cpp feeds both parsing and `mpq --help`.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mpq::cli {
+
+// Returns the process exit code.
+using Action = std::function<int()>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  // Adds options to `sub` and sets `action` to run once parsing succeeded.
+  void (*setup)(CLI::App& sub, Action& action);
+};
+
+// Subcommand setups (one file each).
+void setup_inspect(CLI::App& sub, Action& action);
+void setup_devices(CLI::App& sub, Action& action);
+void setup_run(CLI::App& sub, Action& action);
+
+// The command line as typed, for provenance in output files.
+const std::string& command_line();
+void set_command_line(int argc, char** argv);
+
+bool stderr_is_terminal();
+
+// A progress bar on stderr, drawn only when stderr is a terminal.
+class Progress {
+ public:
+  Progress(std::string label, int64_t total);
+  ~Progress();
+  void update(int64_t done);
+  void finish();
+
+ private:
+  std::string label_;
+  int64_t total_;
+  bool enabled_;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+std::string human_bytes(double bytes);
+std::string human_count(double n);
+
+}  // namespace mpq::cli

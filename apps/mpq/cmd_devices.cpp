@@ -1,0 +1,49 @@
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "cli.h"
+#include "runtime/devices.h"
+
+namespace mpq::cli {
+
+void setup_devices(CLI::App& sub, Action& action) {
+  auto json = std::make_shared<bool>(false);
+  sub.add_flag("--json", *json, "print one JSON object to stdout");
+  sub.footer("Example: mpq devices --json");
+  action = nullptr;
+  sub.callback([&action, json] {
+    action = [json] {
+      rt::DeviceReport d = rt::query_devices();
+      if (*json) {
+        nlohmann::json j;
+        j["cpu"] = true;
+        j["cuda_built"] = d.cuda_built;
+        j["cuda_runtime_version"] = d.cuda_runtime_version;
+        j["cuda_driver_version"] = d.cuda_driver_version;
+        j["cublaslt_version"] = d.cublaslt_version;
+        j["gpus"] = nlohmann::json::array();
+        for (const auto& g : d.gpus)
+          j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"compute_capability", fmt::format("{}.{}", g.compute_major, g.compute_minor)},
+                               {"memory_bytes", g.memory_bytes}, {"multiprocessors", g.multiprocessors}});
+        if (!d.cuda_unavailable_reason.empty()) j["cuda_unavailable"] = d.cuda_unavailable_reason;
+        std::cout << j.dump(2) << "\n";
+        return 0;
+      }
+      std::cout << "cpu: available\n";
+      if (!d.cuda_built) {
+        std::cout << "cuda: " << d.cuda_unavailable_reason << "\n";
+        return 0;
+      }
+      std::cout << fmt::format("cuda: built with runtime {}, cuBLASLt {}, driver {}\n", d.cuda_runtime_version,
+                               d.cublaslt_version, d.cuda_driver_version ? std::to_string(d.cuda_driver_version) : "none");
+      if (d.gpus.empty()) std::cout << "cuda: " << d.cuda_unavailable_reason << "\n";
+      for (const auto& g : d.gpus)
+        std::cout << fmt::format("gpu {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)\n", g.index, g.name, g.compute_major,
+                                 g.compute_minor, g.multiprocessors, static_cast<double>(g.memory_bytes) / (1 << 30));
+      return 0;
+    };
+  });
+}
+
+}  // namespace mpq::cli

@@ -1,0 +1,147 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "cli.h"
+#include "core/file_io.h"
+#include "data/feeds.h"
+#include "data/npy.h"
+#include "ir/onnx_io.h"
+#include "ir/verify.h"
+#include "runtime/devices.h"
+#include "runtime/executor.h"
+#include "runtime/thread_pool.h"
+
+namespace mpq::cli {
+
+namespace {
+
+struct RunOpts {
+  std::string model;
+  std::string data;
+  std::string outputs;
+  std::string device = "cpu";
+  int threads = 0;
+  int repeat = 0;
+  int64_t max_samples = -1;
+  bool json = false;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  double pos = p / 100.0 * static_cast<double>(v.size() - 1);
+  size_t lo = static_cast<size_t>(pos);
+  size_t hi = std::min(lo + 1, v.size() - 1);
+  double frac = pos - static_cast<double>(lo);
+  return v[lo] * (1 - frac) + v[hi] * frac;
+}
+
+int run_command(const RunOpts& o) {
+  rt::BackendKind backend = rt::resolve_device(o.device);
+  ir::Model model = ir::load_model(o.model);
+  ir::verify_or_throw(model);
+  data::DataOptions dopts;
+  dopts.max_feeds = o.max_samples;
+  data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
+  rt::ExecOptions eopts;
+  eopts.backend = backend;
+  eopts.threads = o.threads;
+  rt::Executor exec(model, eopts);
+  if (!o.outputs.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.outputs, ec);
+    if (ec) fail_input("{}: cannot create output folder: {}", o.outputs, ec.message());
+  }
+  const auto& out_names = exec.output_names();
+  std::vector<std::vector<int64_t>> first_shapes(out_names.size());
+  std::vector<DType> out_types(out_names.size(), DType::Undefined);
+  std::vector<double> latencies_ms;
+  Progress progress("run", static_cast<int64_t>(feeds.size()));
+  auto t_start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < feeds.size(); ++i) {
+    data::Feed feed = feeds.get(i);
+    std::vector<Tensor> outs = exec.run(feed.tensors);
+    if (o.repeat > 0) {
+      for (int r = 0; r < o.repeat; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        outs = exec.run(feed.tensors);
+        auto t1 = std::chrono::steady_clock::now();
+        latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+    }
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (i == 0) {
+        first_shapes[k] = outs[k].shape();
+        out_types[k] = outs[k].dtype();
+      }
+      if (!o.outputs.empty()) {
+        fs::path dir = fs::path(o.outputs) / data::sanitize_name(feed.id);
+        fs::create_directories(dir);
+        data::write_npy(dir / (data::sanitize_name(out_names[k]) + ".npy"), outs[k]);
+      }
+    }
+    progress.update(static_cast<int64_t>(i + 1));
+  }
+  progress.finish();
+  double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["device"] = rt::backend_name(backend);
+    j["threads"] = exec.pool().size();
+    j["feeds"] = feeds.size();
+    j["outputs"] = nlohmann::json::array();
+    for (size_t k = 0; k < out_names.size(); ++k)
+      j["outputs"].push_back({{"name", out_names[k]}, {"dtype", dtype_name(out_types[k])}, {"shape", first_shapes[k]}});
+    if (!o.outputs.empty()) j["outputs_dir"] = o.outputs;
+    if (o.repeat > 0) {
+      double sum = 0;
+      for (double v : latencies_ms) sum += v;
+      j["latency_ms"] = {{"median", percentile(latencies_ms, 50)}, {"p90", percentile(latencies_ms, 90)},
+                         {"p99", percentile(latencies_ms, 99)}, {"mean", sum / static_cast<double>(latencies_ms.size())},
+                         {"min", *std::min_element(latencies_ms.begin(), latencies_ms.end())},
+                         {"max", *std::max_element(latencies_ms.begin(), latencies_ms.end())}};
+      j["timed_runs"] = latencies_ms.size();
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("ran {} on {} feed(s) from {} ({}, {} threads) in {:.2f} s\n", o.model, feeds.size(), o.data,
+                           rt::backend_name(backend), exec.pool().size(), total_s);
+  for (size_t k = 0; k < out_names.size(); ++k)
+    std::cout << fmt::format("  output {}: {}{}\n", out_names[k], dtype_name(out_types[k]), shape_str(first_shapes[k]));
+  if (o.repeat > 0) {
+    double sum = 0;
+    for (double v : latencies_ms) sum += v;
+    std::cout << fmt::format("  latency over {} timed runs (after 1 warm-up per feed): median {:.3f} ms, p90 {:.3f} ms, "
+                             "p99 {:.3f} ms, mean {:.3f} ms, min {:.3f} ms\n",
+                             latencies_ms.size(), percentile(latencies_ms, 50), percentile(latencies_ms, 90),
+                             percentile(latencies_ms, 99), sum / static_cast<double>(latencies_ms.size()),
+                             *std::min_element(latencies_ms.begin(), latencies_ms.end()));
+  }
+  if (!o.outputs.empty()) std::cout << fmt::format("  wrote outputs to {}/<feed id>/<output>.npy\n", o.outputs);
+  return 0;
+}
+
+}  // namespace
+
+void setup_run(CLI::App& sub, Action& action) {
+  auto o = std::make_shared<RunOpts>();
+  sub.add_option("MODEL", o->model, "ONNX model file")->required();
+  sub.add_option("--data", o->data, "data folder (feed subfolders, flat .npy/.pb files, or images)")->required();
+  sub.add_option("--outputs", o->outputs, "write OUT/<feed id>/<output name>.npy for every feed");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
+  sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
+  sub.footer("Example: mpq run model.onnx --data calib_data/eval --outputs out/ --repeat 20 --json");
+  sub.callback([&action, o] { action = [o] { return run_command(*o); }; });
+}
+
+}  // namespace mpq::cli

@@ -1,0 +1,76 @@
+// mpq: one binary for FP16/BF16 conversion, INT8 calibration and quantization, and validation.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/devices.h"
+
+namespace mpq::cli {
+
+// The one table of subcommands: it drives parsing and the --help listing.
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"inspect", "Describe a model: inputs, outputs, ops, parameters, external data", setup_inspect},
+      {"run", "Run a model on a data folder and write or summarise its outputs", setup_run},
+      {"devices", "Show the compute devices this build can use", setup_devices},
+  };
+  return table;
+}
+
+std::string version_text() {
+  rt::DeviceReport d = rt::query_devices();
+  std::string cuda = d.cuda_built ? fmt::format("CUDA runtime {}.{}", d.cuda_runtime_version / 1000,
+                                                 (d.cuda_runtime_version % 1000) / 10)
+                                  : std::string("no CUDA");
+  std::string gpu = d.gpus.empty() ? d.cuda_unavailable_reason : fmt::format("{} GPU(s), first: {}", d.gpus.size(), d.gpus[0].name);
+  return fmt::format("mpq {} ({}; {})", MPQ_VERSION, cuda, gpu);
+}
+
+}  // namespace mpq::cli
+
+int main(int argc, char** argv) {
+  using namespace mpq;
+  cli::set_command_line(argc, argv);
+  CLI::App app{"mpq: convert, quantize and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
+               "Example: mpq inspect model.onnx"};
+  app.set_version_flag("--version", [] { return cli::version_text(); });
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "stderr log level: trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.require_subcommand(1);
+  cli::Action action;
+  for (const cli::Command& c : cli::commands()) {
+    CLI::App* sub = app.add_subcommand(c.name, c.summary);
+    c.setup(*sub, action);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  init_logging(log_level);
+  try {
+    return action ? action() : 2;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mpq: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mpq: error: out of memory\n");
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpq: internal error: %s\n", e.what());
+    return 3;
+  }
+}

@@ -1,0 +1,227 @@
+#include "core/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/dispatch.h"
+#include "core/half.h"
+
+namespace mpq {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+
+const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+
+namespace {
+
+// Size classes: 8 steps per power of two, so a reused block wastes at most 12.5%.
+size_t size_class(size_t bytes) {
+  if (bytes <= 256) return 256;
+  size_t p = 1;
+  while (p * 2 <= bytes) p *= 2;
+  size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+class HostCache {
+ public:
+  static HostCache& instance() {
+    static HostCache* cache = new HostCache();  // never destroyed: blocks may outlive static teardown
+    return *cache;
+  }
+  void* take(size_t cls) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(cls);
+    if (it == free_.end()) return nullptr;
+    void* p = it->second;
+    free_.erase(it);
+    held_ -= cls;
+    return p;
+  }
+  void give(void* p, size_t cls) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_ + cls > kMaxHeld) {
+      std::free(p);
+      return;
+    }
+    free_.emplace(cls, p);
+    held_ += cls;
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+  void trim() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [cls, p] : free_) std::free(p);
+    free_.clear();
+    held_ = 0;
+  }
+
+ private:
+  static constexpr size_t kMaxHeld = size_t(1) << 30;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  size_t held_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<void> host_alloc(size_t bytes) {
+  size_t cls = size_class(bytes == 0 ? 1 : bytes);
+  void* p = HostCache::instance().take(cls);
+  if (!p) {
+    p = std::aligned_alloc(64, cls);
+    if (!p) fail_internal("out of host memory allocating {} bytes", cls);
+  }
+  return std::shared_ptr<void>(p, [cls](void* q) { HostCache::instance().give(q, cls); });
+}
+
+size_t host_cache_bytes() { return HostCache::instance().held(); }
+void host_cache_trim() { HostCache::instance().trim(); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  for (int64_t d : shape_)
+    if (d < 0) fail_internal("tensor shape {} has a negative dimension", shape_str(shape_));
+  if (dtype_ == DType::String) {
+    strings_ = std::make_shared<std::vector<std::string>>(static_cast<size_t>(numel()));
+  } else {
+    data_ = host_alloc(nbytes());
+  }
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t(dtype, std::move(shape));
+  if (t.data_) std::memset(t.data_.get(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::wrap(DType dtype, Shape shape, std::shared_ptr<void> data, Device device) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = std::move(data);
+  t.device_ = device;
+  return t;
+}
+
+Tensor Tensor::from_strings(Shape shape, std::vector<std::string> values) {
+  Tensor t;
+  t.dtype_ = DType::String;
+  t.shape_ = std::move(shape);
+  if (static_cast<int64_t>(values.size()) != t.numel())
+    fail_internal("Tensor::from_strings: {} values for shape {}", values.size(), shape_str(t.shape_));
+  t.strings_ = std::make_shared<std::vector<std::string>>(std::move(values));
+  return t;
+}
+
+std::vector<std::string>& Tensor::strings() {
+  check_type(DType::String);
+  return *strings_;
+}
+const std::vector<std::string>& Tensor::strings() const {
+  check_type(DType::String);
+  return *strings_;
+}
+
+void Tensor::check_type(DType expected) const {
+  if (dtype_ != expected)
+    fail_internal("tensor holds {} but was read as {}", dtype_name(dtype_), dtype_name(expected));
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  if (shape_numel(shape) != numel())
+    fail_internal("cannot reshape {} to {}", shape_str(shape_), shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  if (!defined()) return {};
+  if (device_ != Device::CPU) fail_internal("Tensor::clone of a device tensor; copy it to the host first");
+  Tensor t(dtype_, shape_);
+  if (dtype_ == DType::String) {
+    *t.strings_ = *strings_;
+  } else if (nbytes()) {
+    std::memcpy(t.data_.get(), data_.get(), nbytes());
+  }
+  return t;
+}
+
+double Tensor::get_double(int64_t i) const {
+  switch (dtype_) {
+    case DType::Float16: return to_float(data<Float16>()[i]);
+    case DType::BFloat16: return to_float(data<BFloat16>()[i]);
+    case DType::Bool: return data<bool>()[i] ? 1.0 : 0.0;
+    default:
+      return visit_arith(dtype_, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        return static_cast<double>(data<T>()[i]);
+      });
+  }
+}
+
+int64_t Tensor::get_int64(int64_t i) const {
+  if (dtype_ == DType::Bool) return data<bool>()[i] ? 1 : 0;
+  if (!dtype_is_integer(dtype_)) return static_cast<int64_t>(get_double(i));
+  return visit_arith(dtype_, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return static_cast<int64_t>(data<T>()[i]);
+  });
+}
+
+std::vector<int64_t> Tensor::to_int64_vector() const {
+  if (!dtype_is_integer(dtype_) && dtype_ != DType::Bool)
+    fail_input("expected an integer tensor, got {}", dtype_name(dtype_));
+  std::vector<int64_t> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = get_int64(i);
+  return out;
+}
+
+namespace {
+template <typename F>
+decltype(auto) visit_numeric_all(DType t, F&& f) {
+  switch (t) {
+    case DType::Float16: return f(TypeTag<Float16>{});
+    case DType::BFloat16: return f(TypeTag<BFloat16>{});
+    default: return visit_arith_bool(t, std::forward<F>(f));
+  }
+}
+}  // namespace
+
+Tensor Tensor::cast_to(DType to) const {
+  if (to == dtype_) return clone();
+  Tensor out(to, shape_);
+  const int64_t n = numel();
+  visit_numeric_all(dtype_, [&](auto from_tag) {
+    using From = typename decltype(from_tag)::type;
+    const From* src = data<From>();
+    visit_numeric_all(to, [&](auto to_tag) {
+      using To = typename decltype(to_tag)::type;
+      To* dst = out.data<To>();
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<To, bool>) {
+          dst[i] = convert_value<float>(src[i]) != 0.0f;
+        } else if constexpr (std::is_same_v<From, bool>) {
+          dst[i] = convert_value<To>(src[i] ? 1 : 0);
+        } else {
+          dst[i] = convert_value<To>(src[i]);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace mpq

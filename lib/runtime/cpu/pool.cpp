@@ -1,0 +1,8 @@
+#include "runtime/cpu/common.h"
+#include "runtime/cpu/register_all.h"
+
+namespace mpq::rt::cpu {
+
+void register_pool(OpRegistry&) {}
+
+}  // namespace mpq::rt::cpu

@@ -1,0 +1,46 @@
+#include "runtime/devices.h"
+
+#include "core/error.h"
+#ifdef MPQ_HAVE_CUDA
+#include "kernels/cuda_api.h"
+#endif
+
+namespace mpq::rt {
+
+DeviceReport query_devices() {
+  DeviceReport r;
+#ifdef MPQ_HAVE_CUDA
+  r.cuda_built = true;
+  cuda::ProbeResult p = cuda::probe();
+  r.cuda_runtime_version = p.runtime_version;
+  r.cuda_driver_version = p.driver_version;
+  r.cublaslt_version = p.cublaslt_version;
+  for (const auto& d : p.devices)
+    r.gpus.push_back(GpuInfo{d.index, d.name, d.major, d.minor, d.total_memory, d.multiprocessors});
+  r.cuda_unavailable_reason = p.error;
+  if (r.gpus.empty() && r.cuda_unavailable_reason.empty()) r.cuda_unavailable_reason = "no CUDA device";
+#else
+  r.cuda_unavailable_reason = "this build of mpq has no CUDA support (configured with MPQ_CUDA=OFF)";
+#endif
+  return r;
+}
+
+bool cuda_available() {
+  static const bool available = [] {
+    DeviceReport r = query_devices();
+    return r.cuda_built && !r.gpus.empty();
+  }();
+  return available;
+}
+
+BackendKind resolve_device(const std::string& flag) {
+  if (flag == "cpu") return BackendKind::CPU;
+  if (flag == "auto") return cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
+  if (flag == "cuda") {
+    if (!cuda_available()) fail_input("--device cuda: CUDA is not usable here: {}", query_devices().cuda_unavailable_reason);
+    return BackendKind::CUDA;
+  }
+  fail_input("--device must be cpu, cuda or auto, got '{}'", flag);
+}
+
+}  // namespace mpq::rt

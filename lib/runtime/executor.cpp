@@ -1,0 +1,331 @@
+#include "runtime/executor.h"
+
+#include <cblas.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+
+#include "core/half.h"
+#include "runtime/low_precision.h"
+#include "runtime/thread_pool.h"
+
+namespace mpq::rt {
+
+namespace {
+
+struct Step {
+  const ir::Node* node = nullptr;
+  const KernelDef* def = nullptr;
+  std::unique_ptr<OpKernel> kernel;
+  int opset = 0;
+  std::vector<int> inputs;   // slot per node input, -1 for omitted
+  std::vector<int> outputs;  // slot per node output, -1 for omitted
+  std::vector<int> release;  // slots whose last reader is this step
+};
+
+struct GraphPlan {
+  const ir::Graph* graph = nullptr;
+  std::unordered_map<std::string, int> slot_of;
+  std::vector<const ir::Value*> slot_values;
+  std::vector<Step> steps;
+  std::vector<int> input_slots;   // graph inputs in order
+  std::vector<int> output_slots;  // graph outputs in order
+  std::vector<int> outer_slots;   // values read from enclosing scopes
+  std::vector<std::pair<int, Tensor>> constants;  // initializers (incl. overridable input defaults)
+};
+
+int domain_opset(const ir::Model& model, const std::string& domain) {
+  int64_t v = model.opset(domain);
+  if (v == 0 && domain.empty()) v = 1;
+  if (v == 0) v = 1;
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+struct Executor::Impl : SubgraphRunner {
+  const ir::Model& model;
+  ExecOptions options;
+  const OpRegistry& registry;
+  ThreadPool pool;
+  std::unordered_map<const ir::Graph*, std::unique_ptr<GraphPlan>> plans;
+  Observer* observer = nullptr;
+
+  // Runtime scope chain for subgraphs.
+  struct Frame {
+    const GraphPlan* plan;
+    std::vector<Tensor>* env;
+    const Frame* parent;
+  };
+  const Frame* current = nullptr;
+
+  Impl(const ir::Model& m, const ExecOptions& o)
+      : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
+    openblas_set_num_threads(pool.size());
+    plan_graph(*model.graph);
+  }
+
+  const GraphPlan& plan_graph(const ir::Graph& g) {
+    auto it = plans.find(&g);
+    if (it != plans.end()) return *it->second;
+    auto plan = std::make_unique<GraphPlan>();
+    plan->graph = &g;
+    auto slot = [&](const ir::Value* v) {
+      auto [pos, inserted] = plan->slot_of.emplace(v->name(), static_cast<int>(plan->slot_values.size()));
+      if (inserted) plan->slot_values.push_back(v);
+      return pos->second;
+    };
+    for (ir::Value* v : g.values()) slot(v);
+    for (ir::Value* v : g.inputs()) plan->input_slots.push_back(slot(v));
+    for (ir::Value* v : g.outputs()) plan->output_slots.push_back(slot(v));
+    for (ir::Value* v : g.initializers()) plan->constants.emplace_back(slot(v), v->initializer());
+    for (ir::Value* v : g.values())
+      if (v->is_outer_scope()) plan->outer_slots.push_back(slot(v));
+
+    // Nodes in the stored order must already be topological (import and passes keep it so);
+    // verify rather than silently reorder a graph the caller holds.
+    std::vector<char> ready(plan->slot_values.size(), 0);
+    for (ir::Value* v : g.values())
+      if (v->is_graph_input() || v->has_initializer() || v->is_outer_scope()) ready[static_cast<size_t>(slot(v))] = 1;
+
+    std::vector<int> last_reader(plan->slot_values.size(), -1);
+    for (const auto& np : g.nodes()) {
+      const ir::Node& n = *np;
+      Step step;
+      step.node = &n;
+      step.opset = domain_opset(model, n.domain);
+      step.def = registry.find(n.domain, n.op_type, step.opset, options.backend);
+      if (!step.def) {
+        fail_unsupported("{}: operator {}{} (opset {}) is not supported on {}", n.label(),
+                         n.domain.empty() ? "" : n.domain + "::", n.op_type, step.opset, backend_name(options.backend));
+      }
+      step.kernel = step.def->factory(n, step.opset);
+      const int index = static_cast<int>(plan->steps.size());
+      for (ir::Value* v : n.inputs()) {
+        if (!v) {
+          step.inputs.push_back(-1);
+          continue;
+        }
+        int s = slot(v);
+        if (!ready[static_cast<size_t>(s)])
+          fail_input("{}: reads '{}' before it is computed (graph is not in topological order)", n.label(), v->name());
+        step.inputs.push_back(s);
+        last_reader[static_cast<size_t>(s)] = index;
+      }
+      // Values the node's subgraphs read from this scope stay alive until the node has run.
+      for (ir::Graph* sub : n.subgraphs()) {
+        for (const std::string& name : ir::outer_references(*sub)) {
+          auto found = plan->slot_of.find(name);
+          if (found != plan->slot_of.end()) last_reader[static_cast<size_t>(found->second)] = index;
+        }
+        plan_graph(*sub);
+      }
+      for (ir::Value* v : n.outputs()) {
+        if (!v) {
+          step.outputs.push_back(-1);
+          continue;
+        }
+        int s = slot(v);
+        step.outputs.push_back(s);
+        ready[static_cast<size_t>(s)] = 1;
+      }
+      plan->steps.push_back(std::move(step));
+    }
+    std::set<int> keep(plan->output_slots.begin(), plan->output_slots.end());
+    for (size_t s = 0; s < last_reader.size(); ++s) {
+      if (last_reader[s] >= 0 && !keep.count(static_cast<int>(s)))
+        plan->steps[static_cast<size_t>(last_reader[s])].release.push_back(static_cast<int>(s));
+    }
+    // Outputs nobody reads are released right after they are produced.
+    for (size_t i = 0; i < plan->steps.size(); ++i)
+      for (int s : plan->steps[i].outputs)
+        if (s >= 0 && last_reader[static_cast<size_t>(s)] < 0 && !keep.count(s)) plan->steps[i].release.push_back(s);
+    const GraphPlan& ref = *plan;
+    plans.emplace(&g, std::move(plan));
+    return ref;
+  }
+
+  const Tensor* lookup_outer(const std::string& name, const Frame* frame) const {
+    for (const Frame* f = frame; f; f = f->parent) {
+      auto it = f->plan->slot_of.find(name);
+      if (it == f->plan->slot_of.end()) continue;
+      const Tensor& t = (*f->env)[static_cast<size_t>(it->second)];
+      if (t.defined()) return &t;
+      const ir::Value* v = f->plan->slot_values[static_cast<size_t>(it->second)];
+      if (!v->is_outer_scope()) return nullptr;
+    }
+    return nullptr;
+  }
+
+  void run_steps(const GraphPlan& plan, std::vector<Tensor>& env, const std::set<int>* keep_extra, bool observe) {
+    Frame frame{&plan, &env, current};
+    const Frame* saved = current;
+    current = &frame;
+    struct Restore {
+      const Frame*& cur;
+      const Frame* saved;
+      ~Restore() { cur = saved; }
+    } restore{current, saved};
+
+    for (const Step& step : plan.steps) {
+      KernelContext ctx(*step.node, step.opset, pool, this);
+      auto& ins = ctx.mutable_inputs();
+      ins.resize(step.inputs.size(), nullptr);
+      for (size_t i = 0; i < step.inputs.size(); ++i) {
+        int s = step.inputs[i];
+        if (s < 0) continue;
+        const Tensor& t = env[static_cast<size_t>(s)];
+        if (!t.defined())
+          fail_internal("{}: input '{}' has no value at run time", step.node->label(), plan.slot_values[static_cast<size_t>(s)]->name());
+        ins[i] = &t;
+      }
+      ctx.mutable_outputs().resize(step.outputs.size());
+      try {
+        if (!step.def->native_low_precision && any_low_precision(ins)) {
+          run_in_float32(*step.kernel, ctx);
+        } else {
+          step.kernel->compute(ctx);
+        }
+      } catch (const Error& e) {
+        std::string label = step.node->label();
+        if (std::string(e.what()).find(label) != std::string::npos) throw;
+        throw Error(e.kind(), label + ": " + e.what());
+      } catch (const std::bad_alloc&) {
+        fail_input("{}: out of memory", step.node->label());
+      } catch (const std::exception& e) {
+        fail_internal("{}: {}", step.node->label(), e.what());
+      }
+      auto& outs = ctx.mutable_outputs();
+      for (size_t i = 0; i < step.outputs.size(); ++i) {
+        int s = step.outputs[i];
+        if (s < 0) continue;
+        if (!outs[i].defined()) fail_internal("{}: kernel did not produce output {}", step.node->label(), i);
+        env[static_cast<size_t>(s)] = std::move(outs[i]);
+        if (observe && observer && *observer) (*observer)(*plan.slot_values[static_cast<size_t>(s)], env[static_cast<size_t>(s)]);
+      }
+      for (int s : step.release)
+        if (!keep_extra || !keep_extra->count(s)) env[static_cast<size_t>(s)] = Tensor();
+    }
+  }
+
+  std::vector<Tensor> run_subgraph(const ir::Graph& g, const std::vector<Tensor>& inputs) override {
+    const GraphPlan& plan = plan_graph(g);
+    std::vector<Tensor> env(plan.slot_values.size());
+    for (const auto& [s, t] : plan.constants) env[static_cast<size_t>(s)] = t;
+    if (inputs.size() > plan.input_slots.size())
+      fail_input("subgraph '{}' takes {} inputs, got {}", g.name, plan.input_slots.size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[static_cast<size_t>(plan.input_slots[i])] = inputs[i];
+    for (int s : plan.outer_slots) {
+      const std::string& name = plan.slot_values[static_cast<size_t>(s)]->name();
+      const Tensor* t = lookup_outer(name, current);
+      if (!t) fail_input("subgraph '{}': outer value '{}' is not available", g.name, name);
+      env[static_cast<size_t>(s)] = *t;
+    }
+    run_steps(plan, env, nullptr, false);
+    std::vector<Tensor> out;
+    for (int s : plan.output_slots) {
+      if (!env[static_cast<size_t>(s)].defined())
+        fail_input("subgraph '{}': output '{}' was not computed", g.name, plan.slot_values[static_cast<size_t>(s)]->name());
+      out.push_back(env[static_cast<size_t>(s)]);
+    }
+    return out;
+  }
+};
+
+Executor::Executor(const ir::Model& model, ExecOptions options) : model_(model), options_(options) {
+  if (options.backend == BackendKind::CUDA)
+    fail_unsupported("the CUDA backend is not available in this build of the executor");
+  impl_ = std::make_unique<Impl>(model, options);
+  for (ir::Value* v : model.graph->inputs()) input_names_.push_back(v->name());
+  for (ir::Value* v : model.graph->outputs()) output_names_.push_back(v->name());
+}
+
+Executor::~Executor() = default;
+
+ThreadPool& Executor::pool() { return impl_->pool; }
+
+void Executor::check_feeds(const Feeds& feeds) const {
+  const ir::Graph& g = *model_.graph;
+  for (ir::Value* v : g.inputs()) {
+    auto it = feeds.find(v->name());
+    if (it == feeds.end()) {
+      if (v->has_initializer()) continue;
+      fail_input("no data for model input '{}' ({})", v->name(), v->type.str());
+    }
+    const Tensor& t = it->second;
+    const ir::ValueType& vt = v->type;
+    if (!vt.is_tensor()) continue;
+    if (vt.elem != DType::Undefined && t.dtype() != vt.elem)
+      fail_input("input '{}': model expects {}, data is {}{}", v->name(), vt.str(), dtype_name(t.dtype()),
+                 shape_str(t.shape()));
+    if (vt.has_shape) {
+      if (static_cast<size_t>(t.rank()) != vt.dims.size())
+        fail_input("input '{}': model expects rank {} ({}), data has shape {}", v->name(), vt.dims.size(), vt.str(),
+                   shape_str(t.shape()));
+      for (size_t i = 0; i < vt.dims.size(); ++i)
+        if (vt.dims[i].known() && vt.dims[i].value != t.shape()[i])
+          fail_input("input '{}': model expects {}, data has shape {}", v->name(), vt.str(), shape_str(t.shape()));
+    }
+  }
+  for (const auto& [name, t] : feeds) {
+    ir::Value* v = g.find(name);
+    if (!v || !v->is_graph_input()) fail_input("data names '{}', which is not an input of the model", name);
+  }
+}
+
+std::vector<Tensor> Executor::run(const Feeds& feeds) { return run(feeds, {}, nullptr); }
+
+std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::string>& extra_values,
+                                  std::vector<Tensor>* extra_out) {
+  check_feeds(feeds);
+  const GraphPlan& plan = impl_->plan_graph(*model_.graph);
+  std::vector<Tensor> env(plan.slot_values.size());
+  for (const auto& [s, t] : plan.constants) env[static_cast<size_t>(s)] = t;
+  impl_->observer = &observer_;
+  for (int s : plan.input_slots) {
+    const ir::Value* v = plan.slot_values[static_cast<size_t>(s)];
+    auto it = feeds.find(v->name());
+    if (it != feeds.end()) env[static_cast<size_t>(s)] = it->second;
+    if (observer_ && env[static_cast<size_t>(s)].defined()) observer_(*v, env[static_cast<size_t>(s)]);
+  }
+  std::set<int> keep;
+  for (const std::string& name : extra_values) {
+    auto it = plan.slot_of.find(name);
+    if (it == plan.slot_of.end()) fail_input("no value named '{}' in the model", name);
+    keep.insert(it->second);
+  }
+  impl_->current = nullptr;
+  impl_->run_steps(plan, env, keep.empty() ? nullptr : &keep, true);
+  std::vector<Tensor> out;
+  for (int s : plan.output_slots) {
+    if (!env[static_cast<size_t>(s)].defined())
+      fail_input("output '{}' was not computed", plan.slot_values[static_cast<size_t>(s)]->name());
+    out.push_back(env[static_cast<size_t>(s)]);
+  }
+  if (extra_out) {
+    extra_out->clear();
+    for (const std::string& name : extra_values) extra_out->push_back(env[static_cast<size_t>(plan.slot_of.at(name))]);
+  }
+  return out;
+}
+
+namespace {
+void collect_unsupported(const ir::Model& model, const ir::Graph& g, BackendKind backend, std::set<std::string>& out) {
+  const OpRegistry& reg = OpRegistry::global();
+  for (const auto& n : g.nodes()) {
+    int opset = domain_opset(model, n->domain);
+    if (!reg.find(n->domain, n->op_type, opset, backend))
+      out.insert(n->domain.empty() ? n->op_type : n->domain + "::" + n->op_type);
+    for (ir::Graph* sub : n->subgraphs()) collect_unsupported(model, *sub, backend, out);
+  }
+}
+}  // namespace
+
+std::vector<std::string> unsupported_ops(const ir::Model& model, BackendKind backend) {
+  std::set<std::string> out;
+  collect_unsupported(model, *model.graph, backend, out);
+  return {out.begin(), out.end()};
+}
+
+}  // namespace mpq::rt

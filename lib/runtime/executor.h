@@ -1,0 +1,70 @@
+#pragma once
+// The executor: plans a graph once (execution order, one kernel per node, the last reader of
+// every value) and then runs many feeds. A value's buffer is released as soon as its last reader
+// has run, so it returns to the host cache and the next allocation of that size reuses it.
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+#include "runtime/kernel.h"
+
+namespace mpq::rt {
+
+struct ExecOptions {
+  BackendKind backend = BackendKind::CPU;
+  int threads = 0;  // <= 0: one per hardware thread
+  // Registry to take kernels from (tests pass their own); nullptr means OpRegistry::global().
+  const OpRegistry* registry = nullptr;
+};
+
+// Sees every graph input as fed and every node output of the top-level graph as computed,
+// without graph surgery (calibration, per-layer validation). The tensor is only valid during the
+// call; copy what must be kept.
+using Observer = std::function<void(const ir::Value& value, const Tensor& tensor)>;
+
+using Feeds = std::unordered_map<std::string, Tensor>;
+
+class Executor {
+ public:
+  // Resolves a kernel for every node (subgraphs included); an op without one is an Unsupported
+  // error naming the node. The model must outlive the executor.
+  Executor(const ir::Model& model, ExecOptions options = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs one feed (by graph input name) and returns the graph outputs in order. Feeds are checked
+  // against the declared input types first (missing, wrong dtype, wrong rank or fixed dimension).
+  std::vector<Tensor> run(const Feeds& feeds);
+  // Same, additionally returning the named intermediate values (kept alive past their last use).
+  std::vector<Tensor> run(const Feeds& feeds, const std::vector<std::string>& extra_values,
+                          std::vector<Tensor>* extra_out);
+
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
+  const ir::Model& model() const { return model_; }
+  const std::vector<std::string>& input_names() const { return input_names_; }
+  const std::vector<std::string>& output_names() const { return output_names_; }
+  ThreadPool& pool();
+
+  // Checks one feed against the model's inputs without running (BadInput on a mismatch).
+  void check_feeds(const Feeds& feeds) const;
+
+  struct Impl;
+
+ private:
+  const ir::Model& model_;
+  ExecOptions options_;
+  std::unique_ptr<Impl> impl_;
+  Observer observer_;
+  std::vector<std::string> input_names_;
+  std::vector<std::string> output_names_;
+};
+
+// Ops (as "domain::Op" or "Op") in the model and its subgraphs that have no kernel on `backend`.
+std::vector<std::string> unsupported_ops(const ir::Model& model, BackendKind backend = BackendKind::CPU);
+
+}  // namespace mpq::rt

@@ -1,0 +1,217 @@
+// Runs ONNX's own backend test cases (Debian libonnx-testdata) through the executor and compares
+// with their expected outputs. A case whose ops are all supported must pass, unless it is listed
+// with its reason in tests/runtime/conformance_known_failures.txt.
+//
+// MPQ_CONFORMANCE_FILTER=<regex> restricts the cases (handy while writing a kernel);
+// MPQ_CONFORMANCE_VERBOSE=1 prints every failure in full.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "ir/onnx_io.h"
+#include "ir/verify.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct KnownFailures {
+  std::map<std::string, std::string> reasons;
+};
+
+KnownFailures load_known_failures() {
+  KnownFailures k;
+  std::ifstream in(test::source_dir() / "tests/runtime/conformance_known_failures.txt");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    auto sp = line.find_first_of(" \t");
+    std::string name = line.substr(0, sp);
+    std::string reason = sp == std::string::npos ? "" : line.substr(line.find_first_not_of(" \t", sp));
+    k.reasons[name] = reason;
+  }
+  return k;
+}
+
+// Compares one output; returns an empty string when it matches.
+std::string compare(const Tensor& got, const Tensor& want, const std::string& name) {
+  if (got.dtype() != want.dtype())
+    return fmt::format("output '{}': dtype {} but expected {}", name, dtype_name(got.dtype()), dtype_name(want.dtype()));
+  if (got.shape() != want.shape())
+    return fmt::format("output '{}': shape {} but expected {}", name, shape_str(got.shape()), shape_str(want.shape()));
+  if (got.dtype() == DType::String) {
+    if (got.strings() != want.strings()) return fmt::format("output '{}': strings differ", name);
+    return {};
+  }
+  const bool is_float = dtype_is_float(got.dtype());
+  // ONNX's backend tests use rtol=1e-3, atol=1e-7; half types get the tolerance of their precision.
+  double rtol = 1e-3, atol = 1e-7;
+  if (got.dtype() == DType::Float16) atol = 1e-3;
+  if (got.dtype() == DType::BFloat16) {
+    rtol = 1e-2;
+    atol = 1e-2;
+  }
+  int64_t bad = 0;
+  int64_t first_bad = -1;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (is_float) {
+      double a = got.get_double(i), b = want.get_double(i);
+      if (std::isnan(b)) {
+        if (!std::isnan(a)) ++bad;
+      } else if (std::isinf(b)) {
+        if (a != b) ++bad;
+      } else if (!(std::fabs(a - b) <= atol + rtol * std::fabs(b))) {
+        ++bad;
+      } else {
+        continue;
+      }
+    } else {
+      if (got.get_int64(i) == want.get_int64(i)) continue;
+      ++bad;
+    }
+    if (first_bad < 0) first_bad = i;
+  }
+  if (bad == 0) return {};
+  return fmt::format("output '{}': {} of {} values differ; first at {}: got {} expected {}", name, bad, got.numel(),
+                     first_bad, got.get_double(first_bad), want.get_double(first_bad));
+}
+
+struct SuiteResult {
+  int passed = 0, failed = 0, known = 0, unsupported = 0, unexpected_pass = 0;
+  std::map<std::string, int> unsupported_ops;
+  std::vector<std::string> failures;
+};
+
+// Runs one case folder; returns "" on pass, "unsupported: ..." or a failure message.
+std::string run_case(const fs::path& dir, std::map<std::string, int>& unsupported_ops) {
+  ir::Model model = ir::load_model(dir / "model.onnx");
+  auto problems = ir::verify(model);
+  if (!problems.empty()) return "verify: " + problems.front();
+  auto missing = rt::unsupported_ops(model);
+  if (!missing.empty()) {
+    for (const auto& op : missing) ++unsupported_ops[op];
+    return "unsupported: " + fmt::format("{}", fmt::join(missing, ","));
+  }
+  std::vector<ir::Value*> inputs = model.graph->required_inputs();
+  for (ir::Value* v : inputs)
+    if (!v->type.is_tensor()) {
+      ++unsupported_ops["<non-tensor input>"];
+      return "unsupported: non-tensor input " + v->name();
+    }
+  for (ir::Value* v : model.graph->outputs())
+    if (!v->type.is_tensor()) {
+      ++unsupported_ops["<non-tensor output>"];
+      return "unsupported: non-tensor output " + v->name();
+    }
+  rt::Executor exec(model);
+  std::vector<fs::path> sets;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  for (const fs::path& set : sets) {
+    rt::Feeds feeds;
+    for (size_t k = 0;; ++k) {
+      fs::path f = set / fmt::format("input_{}.pb", k);
+      if (!fs::exists(f)) break;
+      if (k >= inputs.size()) return fmt::format("{}: more input files than model inputs", set.filename().string());
+      feeds[inputs[k]->name()] = ir::load_tensor_pb(f);
+    }
+    std::vector<Tensor> outs = exec.run(feeds);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      fs::path f = set / fmt::format("output_{}.pb", k);
+      if (!fs::exists(f)) continue;
+      Tensor want = ir::load_tensor_pb(f);
+      std::string diff = compare(outs[k], want, exec.output_names()[k]);
+      if (!diff.empty()) return set.filename().string() + ": " + diff;
+    }
+  }
+  return {};
+}
+
+SuiteResult run_suite(const std::string& suite) {
+  SuiteResult r;
+  fs::path root = test::testdata_dir() / suite;
+  INFO("ONNX test data missing: install Debian's libonnx-testdata (scripts/setup.sh)");
+  REQUIRE(fs::exists(root));
+  static const KnownFailures known = load_known_failures();
+  const char* filter_env = std::getenv("MPQ_CONFORMANCE_FILTER");
+  const bool verbose = std::getenv("MPQ_CONFORMANCE_VERBOSE") != nullptr;
+  std::regex filter(filter_env ? filter_env : ".*");
+  std::vector<fs::path> cases;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && fs::exists(e.path() / "model.onnx")) cases.push_back(e.path());
+  std::sort(cases.begin(), cases.end());
+  for (const fs::path& c : cases) {
+    std::string name = c.filename().string();
+    if (!std::regex_search(name, filter)) continue;
+    std::string result;
+    try {
+      result = run_case(c, r.unsupported_ops);
+    } catch (const Error& e) {
+      result = std::string(e.kind() == ErrorKind::Unsupported ? "unsupported: " : "error: ") + e.what();
+      if (e.kind() == ErrorKind::Unsupported) ++r.unsupported_ops["<" + std::string(e.what()).substr(0, 60) + ">"];
+    } catch (const std::exception& e) {
+      result = std::string("exception: ") + e.what();
+    }
+    auto k = known.reasons.find(name);
+    if (result.rfind("unsupported: ", 0) == 0) {
+      ++r.unsupported;
+    } else if (result.empty()) {
+      ++r.passed;
+      if (k != known.reasons.end()) {
+        ++r.unexpected_pass;
+        std::cout << fmt::format("[{}] {} passes but is listed as a known failure\n", suite, name);
+      }
+    } else if (k != known.reasons.end()) {
+      ++r.known;
+      if (verbose) std::cout << fmt::format("[{}] known failure {}: {}\n", suite, name, result);
+    } else {
+      ++r.failed;
+      r.failures.push_back(name + ": " + result);
+    }
+  }
+  std::cout << fmt::format("conformance {}: {} passed, {} failed, {} known failures, {} unsupported\n", suite, r.passed,
+                           r.failed, r.known, r.unsupported);
+  if (!r.unsupported_ops.empty()) {
+    std::vector<std::string> ops;
+    for (const auto& [op, n] : r.unsupported_ops) ops.push_back(fmt::format("{}({})", op, n));
+    std::cout << fmt::format("  unsupported ops: {}\n", fmt::join(ops, " "));
+  }
+  for (const std::string& f : r.failures) std::cout << "  FAIL " << f << "\n";
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("ONNX backend conformance: node", "[conformance]") {
+  SuiteResult r = run_suite("node");
+  CHECK(r.failed == 0);
+  CHECK(r.unexpected_pass == 0);
+}
+
+TEST_CASE("ONNX backend conformance: pytorch-converted", "[conformance]") {
+  SuiteResult r = run_suite("pytorch-converted");
+  CHECK(r.failed == 0);
+  CHECK(r.unexpected_pass == 0);
+}
+
+TEST_CASE("ONNX backend conformance: pytorch-operator", "[conformance]") {
+  SuiteResult r = run_suite("pytorch-operator");
+  CHECK(r.failed == 0);
+  CHECK(r.unexpected_pass == 0);
+}
+
+TEST_CASE("ONNX backend conformance: simple", "[conformance]") {
+  SuiteResult r = run_suite("simple");
+  CHECK(r.failed == 0);
+  CHECK(r.unexpected_pass == 0);
+}

@@ -1,0 +1,88 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "ir/onnx_io.h"
+
+namespace mpq::test {
+
+fs::path source_dir() { return MPQ_SOURCE_DIR; }
+fs::path testdata_dir() { return MPQ_TESTDATA_DIR; }
+fs::path mpq_binary() { return MPQ_BINARY; }
+
+TempDir::TempDir(const std::string& tag) {
+  std::random_device rd;
+  path_ = fs::temp_directory_path() / fmt::format("{}-{}-{:08x}", tag, ::getpid(), rd());
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+namespace {
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+CommandResult run_mpq(const std::vector<std::string>& args) {
+  TempDir tmp("mpq-cmd");
+  std::string cmd = shell_quote(mpq_binary().string());
+  for (const auto& a : args) cmd += " " + shell_quote(a);
+  cmd += " >" + shell_quote((tmp / "out").string()) + " 2>" + shell_quote((tmp / "err").string()) + " </dev/null";
+  int status = std::system(cmd.c_str());
+  CommandResult r;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) r.exit_code = 128 + WTERMSIG(status);
+  r.out = slurp(tmp / "out");
+  r.err = slurp(tmp / "err");
+  return r;
+}
+
+Tensor random_tensor(const Shape& shape, uint32_t seed, float lo, float hi) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(DType::Float32, shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a.get_double(i) - b.get_double(i)));
+  return m;
+}
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double d = a.get_double(i) - b.get_double(i);
+    num += d * d;
+    den += b.get_double(i) * b.get_double(i);
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-12);
+}
+
+void write_model(const ir::Model& m, const fs::path& path) { ir::save_model(m, path); }
+
+}  // namespace mpq::test

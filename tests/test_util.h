@@ -1,0 +1,49 @@
+#pragma once
+// Helpers shared by the Catch2 tests.
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ir/graph.h"
+
+namespace mpq::test {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir();    // repository root
+fs::path testdata_dir();  // ONNX backend test data (libonnx-testdata)
+fs::path mpq_binary();
+
+// A fresh empty folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "mpq-test");
+  ~TempDir();
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+// Runs the mpq binary with the given arguments (no shell quoting issues: args are quoted here).
+CommandResult run_mpq(const std::vector<std::string>& args);
+
+// Seeded random float tensor in [lo, hi).
+Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// Largest |a-b| and relative L2 ||a-b|| / ||b|| of two float tensors of equal shape.
+double max_abs_diff(const Tensor& a, const Tensor& b);
+double rel_l2(const Tensor& a, const Tensor& b);
+
+// Write a small model (its graph built by the caller) to `path`.
+void write_model(const ir::Model& m, const fs::path& path);
+
+}  // namespace mpq::test
