@@ -1,6 +1,6 @@
 // Runs ONNX's own backend test cases (Debian libonnx-testdata) through the executor and compares
 // with their expected outputs. A case whose ops are all supported must pass, unless it is listed
-// with its reason in tests/runtime/conformance_known_failures.txt.
+// with its reason in a tests/runtime/conformance_known_failures*.txt file.
 //
 // MPQ_CONFORMANCE_FILTER=<regex> restricts the cases (handy while writing a kernel);
 // MPQ_CONFORMANCE_VERBOSE=1 prints every failure in full.
@@ -28,16 +28,23 @@ struct KnownFailures {
   std::map<std::string, std::string> reasons;
 };
 
+// Every tests/runtime/conformance_known_failures*.txt: "<case name> <reason>" per line.
 KnownFailures load_known_failures() {
   KnownFailures k;
-  std::ifstream in(test::source_dir() / "tests/runtime/conformance_known_failures.txt");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    auto sp = line.find_first_of(" \t");
-    std::string name = line.substr(0, sp);
-    std::string reason = sp == std::string::npos ? "" : line.substr(line.find_first_not_of(" \t", sp));
-    k.reasons[name] = reason;
+  for (const auto& e : fs::directory_iterator(test::source_dir() / "tests/runtime")) {
+    std::string file = e.path().filename().string();
+    if (file.rfind("conformance_known_failures", 0) != 0 || e.path().extension() != ".txt") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      auto sp = line.find_first_of(" \t");
+      std::string name = line.substr(0, sp);
+      std::string reason = sp == std::string::npos ? "" : line.substr(line.find_first_not_of(" \t", sp));
+      INFO("known failure '" << name << "' needs a reason in " << file);
+      REQUIRE(!reason.empty());
+      k.reasons[name] = reason;
+    }
   }
   return k;
 }
