@@ -16,6 +16,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"inspect", "Describe a model: inputs, outputs, ops, parameters, external data", setup_inspect},
       {"run", "Run a model on a data folder and write or summarise its outputs", setup_run},
+      {"calibrate", "Collect activation ranges on calibration data and write a calibration table", setup_calibrate},
       {"devices", "Show the compute devices this build can use", setup_devices},
   };
   return table;

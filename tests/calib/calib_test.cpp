@@ -1,0 +1,296 @@
+// Calibration statistics, range methods, quantization parameters and the calibration table.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cfloat>
+#include <cstring>
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "calib/calibrator.h"
+#include "calib/histogram.h"
+#include "calib/qparams.h"
+#include "calib/quant_ref.h"
+#include "calib/range_methods.h"
+#include "calib/table.h"
+#include "test_util.h"
+
+using namespace mpq;
+using namespace mpq::calib;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> laplace(size_t n, uint32_t seed, float b = 1.0f) {
+  std::mt19937 rng(seed);
+  std::exponential_distribution<float> e(1.0f / b);
+  std::bernoulli_distribution sign(0.5);
+  std::vector<float> v(n);
+  for (float& x : v) x = sign(rng) ? e(rng) : -e(rng);
+  return v;
+}
+
+TensorStats stats_of(const std::vector<float>& v, size_t chunks = 7) {
+  TensorStats s(true);
+  size_t step = (v.size() + chunks - 1) / chunks;
+  for (size_t i = 0; i < v.size(); i += step) s.add(v.data() + i, static_cast<int64_t>(std::min(step, v.size() - i)));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("histogram add agrees with its reference and keeps every count", "[calib][histogram]") {
+  std::vector<float> v = gaussian(200001, 1, 2.0f);
+  Histogram fast(2048), ref(2048);
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  fast.add(v.data(), static_cast<int64_t>(v.size()), m);
+  ref.add_ref(v.data(), static_cast<int64_t>(v.size()));
+  REQUIRE(fast.range() == ref.range());
+  uint64_t diff = 0, total = 0;
+  for (size_t i = 0; i < fast.signed_counts().size(); ++i) {
+    diff += static_cast<uint64_t>(std::llabs(static_cast<long long>(fast.signed_counts()[i]) - static_cast<long long>(ref.signed_counts()[i])));
+    total += fast.signed_counts()[i];
+  }
+  CHECK(total == v.size());
+  CHECK(diff == 0);
+}
+
+TEST_CASE("a widening histogram equals one built with the final range", "[calib][histogram]") {
+  std::vector<float> small = gaussian(50000, 2, 0.5f);
+  std::vector<float> big = gaussian(50000, 3, 40.0f);
+  TensorStats streamed(true);
+  streamed.add(small.data(), static_cast<int64_t>(small.size()));
+  double r_before = streamed.histogram.range();
+  streamed.add(big.data(), static_cast<int64_t>(big.size()));
+  CHECK(streamed.histogram.range() > r_before);
+  std::vector<float> all = small;
+  all.insert(all.end(), big.begin(), big.end());
+  TensorStats once(true);
+  once.add(all.data(), static_cast<int64_t>(all.size()));
+  REQUIRE(streamed.histogram.range() == once.histogram.range());
+  CHECK(streamed.histogram.total() == all.size());
+  uint64_t diff = 0;
+  for (size_t i = 0; i < once.histogram.signed_counts().size(); ++i)
+    diff += static_cast<uint64_t>(std::llabs(static_cast<long long>(once.histogram.signed_counts()[i]) -
+                                             static_cast<long long>(streamed.histogram.signed_counts()[i])));
+  CHECK(diff <= all.size() / 10000);
+  CHECK(streamed.min == once.min);
+  CHECK(streamed.max == once.max);
+}
+
+TEST_CASE("percentile thresholds match analytic and exact quantiles", "[calib][percentile]") {
+  std::vector<float> g = gaussian(400000, 4);
+  TensorStats s = stats_of(g);
+  const double width = s.histogram.bin_width();
+  // P(|x| < 3.2905) = 99.9% for N(0, 1).
+  double p999 = percentile_abs(s.histogram, 99.9);
+  CHECK(std::fabs(p999 - percentile_ref(g, 99.9, true)) <= 2 * width);
+  CHECK(std::fabs(p999 - 3.2905) < 0.05);
+  // Asymmetric quantiles of a shifted Laplace distribution.
+  std::vector<float> l = laplace(400000, 5, 0.7f);
+  for (float& x : l) x += 1.5f;
+  TensorStats ls = stats_of(l);
+  double lo = 0, hi = 0;
+  percentile_signed(ls.histogram, 99.0, &lo, &hi);
+  CHECK(std::fabs(lo - percentile_ref(l, 1.0, false)) <= 2 * ls.histogram.bin_width());
+  CHECK(std::fabs(hi - percentile_ref(l, 99.0, false)) <= 2 * ls.histogram.bin_width());
+  // Laplace(b) quantile: mu + b ln(2p) for the upper tail: 1.5 + 0.7 * ln(50) = 4.238.
+  CHECK(std::fabs(hi - (1.5 + 0.7 * std::log(50.0))) < 0.05);
+}
+
+TEST_CASE("entropy threshold equals its reference and lies between p99 and max", "[calib][entropy]") {
+  for (uint32_t seed : {6u, 7u}) {
+    std::vector<float> v = seed == 6 ? gaussian(300000, seed) : laplace(300000, seed);
+    TensorStats s = stats_of(v);
+    double fast = entropy_threshold(s.histogram, 128, 128);
+    std::vector<uint64_t> abs = s.histogram.abs_counts();
+    double ref = entropy_threshold_ref(std::vector<double>(abs.begin(), abs.end()), s.histogram.bin_width(), 128, 128);
+    CHECK(fast == Approx(ref).epsilon(1e-12));
+    // The raw cut may lie past the data (empty top bins); the range used is clipped to the max.
+    double chosen = compute_range(RangeMethod::Entropy, s, RangeOptions{}).amax;
+    CHECK(chosen >= percentile_ref(v, 99.0, true));
+    CHECK(chosen <= s.amax());
+  }
+}
+
+TEST_CASE("mse threshold agrees with brute force and lies between p99 and max", "[calib][mse]") {
+  std::vector<float> v = laplace(60000, 8);
+  TensorStats s = stats_of(v);
+  double fast = mse_threshold(s.histogram, 127);
+  double ref = mse_threshold_ref(v, 127, 256);
+  CHECK(fast >= percentile_ref(v, 99.0, true));
+  CHECK(fast <= s.amax() + s.histogram.bin_width());
+  // Both minimise the same error; allow the grid resolution of the brute-force search.
+  CHECK(std::fabs(fast - ref) <= 0.05 * s.amax());
+}
+
+TEST_CASE("degenerate tensors get valid ranges and scales", "[calib][edge]") {
+  RangeOptions ro;
+  for (RangeMethod m : {RangeMethod::MinMax, RangeMethod::Percentile, RangeMethod::Entropy, RangeMethod::Mse}) {
+    INFO(range_method_info(m).name);
+    std::vector<float> zeros(1000, 0.0f);
+    TensorStats z(true);
+    z.add(zeros.data(), 1000);
+    Range r = compute_range(m, z, ro);
+    CHECK(r.amax == 0.0);
+    QParams q = symmetric_int8(r.amax);
+    CHECK(q.scale == 1.0f);
+    CHECK(q.zero_point == 0);
+
+    std::vector<float> constant(500, 5.0f);
+    TensorStats c(true);
+    c.add(constant.data(), 500);
+    Range rc = compute_range(m, c, ro);
+    CHECK(rc.amax > 0.0);
+    CHECK(rc.amax <= 5.0);
+    CHECK(symmetric_int8(rc.amax).scale > 0.0f);
+
+    float single = -3.0f;
+    TensorStats one(true);
+    one.add(&single, 1);
+    CHECK(compute_range(m, one, ro).amax > 0.0);
+  }
+  // A single negative constant in uint8: zero point at the top so 0 stays representable.
+  QParams neg = asymmetric_uint8(-3.0, -3.0);
+  CHECK(neg.zero_point == 255);
+  CHECK(dequantize_ref(quantize_ref(0.0f, neg.scale, neg.zero_point, 0, 255), neg.scale, neg.zero_point) == 0.0f);
+  // Denormal and zero ranges never produce a zero or denormal scale.
+  CHECK(symmetric_int8(1e-45).scale == 1.0f);
+  CHECK(asymmetric_uint8(0.0, 1e-44).scale == 1.0f);
+  CHECK(weight_scale(0.0) == 1.0f);
+  CHECK(safe_scale(1.0, 127) >= FLT_MIN);
+}
+
+TEST_CASE("zero is exactly representable for any asymmetric range", "[calib][qparams]") {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> d(-50.0, 50.0);
+  for (int i = 0; i < 2000; ++i) {
+    double a = d(rng), b = d(rng);
+    QParams q = asymmetric_uint8(std::min(a, b), std::max(a, b));
+    CHECK(q.zero_point >= 0);
+    CHECK(q.zero_point <= 255);
+    CHECK(dequantize_ref(quantize_ref(0.0f, q.scale, q.zero_point, q.qmin, q.qmax), q.scale, q.zero_point) == 0.0f);
+    QParams s = asymmetric_int8(std::min(a, b), std::max(a, b));
+    CHECK(dequantize_ref(quantize_ref(0.0f, s.scale, s.zero_point, s.qmin, s.qmax), s.scale, s.zero_point) == 0.0f);
+  }
+  QParams r = symmetric_int8(10.0, true);
+  CHECK(r.qmax == 63);
+  CHECK(r.scale == Approx(10.0 / 63));
+}
+
+TEST_CASE("NaN and inf are counted, not folded into the range", "[calib][edge]") {
+  std::vector<float> v = {1.0f, -2.0f, NAN, INFINITY, 0.5f, -INFINITY, NAN};
+  TensorStats s(true);
+  s.add(v.data(), static_cast<int64_t>(v.size()));
+  CHECK(s.nan_count == 2);
+  CHECK(s.inf_count == 2);
+  CHECK(s.count == 3);
+  CHECK(s.min == -2.0);
+  CHECK(s.max == 1.0);
+  CHECK(s.histogram.total() == 3);
+  CalibOptions o;
+  o.method = RangeMethod::Percentile;
+  TensorCalib c = make_tensor_calib("t", s, o);
+  CHECK(c.nan_count == 2);
+  CHECK(std::isfinite(c.q.scale));
+}
+
+TEST_CASE("per-channel weight ranges", "[calib][weights]") {
+  // [2 out channels, 3 values]: channel 0 in [-4, 1], channel 1 in [0.5, 2].
+  std::vector<float> w = {-4, 1, 0, 0.5f, 2, 1};
+  std::vector<float> mins, maxs;
+  channel_min_max(w.data(), 1, 2, 3, mins, maxs);
+  CHECK(mins == std::vector<float>{-4, 0.5f});
+  CHECK(maxs == std::vector<float>{1, 2});
+  auto scales = weight_scales_per_channel({4.0f, 2.0f, 0.0f});
+  CHECK(scales[0] == Approx(4.0 / 127));
+  CHECK(scales[2] == 1.0f);
+}
+
+TEST_CASE("calibration table round-trips through JSON and protobuf; TensorRT cache format", "[calib][table]") {
+  test::TempDir tmp;
+  CalibrationTable t;
+  t.mpq_version = "test";
+  t.model = "m.onnx";
+  t.method = "entropy";
+  t.samples = 12;
+  TensorCalib a;
+  a.name = "conv1/out:0";
+  a.min = -1.5;
+  a.max = 2.25;
+  a.amax = 2.0;
+  a.q = symmetric_int8(2.0);
+  a.method = "entropy";
+  a.count = 99;
+  t.tensors.push_back(a);
+  write_table(t, tmp / "t.json");
+  REQUIRE(fs::exists(tmp / "t.pb"));
+  for (const char* f : {"t.json", "t.pb"}) {
+    CalibrationTable b = read_table(tmp / f);
+    REQUIRE(b.tensors.size() == 1);
+    CHECK(b.tensors[0].name == a.name);
+    CHECK(b.tensors[0].q.scale == a.q.scale);
+    CHECK(b.tensors[0].amax == Approx(2.0));
+    CHECK(b.samples == 12);
+  }
+  write_trt_cache(t, tmp / "cache.txt");
+  std::ifstream in(tmp / "cache.txt");
+  std::string header, line;
+  std::getline(in, header);
+  std::getline(in, line);
+  CHECK(header == "TRT-8601-EntropyCalibration2");
+  float scale = 2.0f / 127.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &scale, 4);
+  CHECK(line == fmt::format("conv1/out:0: {:08x}", bits));
+
+  std::ofstream bad(tmp / "bad.json");
+  bad << R"({"tensors": {"x": {"scale": 0}}})";
+  bad.close();
+  CHECK_THROWS_WITH(read_table(tmp / "bad.json"), Catch::Contains("invalid scale"));
+}
+
+TEST_CASE("mpq calibrate end to end, deterministic, with clear errors", "[calib][cli]") {
+  test::TempDir tmp;
+  fs::path model = test::source_dir() / "tests/models/resnet_bn_op13.onnx";
+  fs::path data = test::source_dir() / "tests/models/resnet_bn_op13_data";
+  for (const char* method : {"minmax", "percentile", "entropy", "mse"}) {
+    fs::path out = tmp / fmt::format("{}.json", method);
+    auto r = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--method", method, "-o", out.string(),
+                            "--trt-cache", (tmp / "cache").string()});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    auto j = nlohmann::json::parse(std::ifstream(out));
+    CHECK(j["method"] == method);
+    CHECK(j["samples"] == 5);  // 1 + 1 + 3 rows
+    REQUIRE(j["tensors"].contains("input"));
+    CHECK(j["tensors"]["input"]["scale"].get<double>() > 0);
+  }
+  // Same inputs, same bytes.
+  auto again = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--method", "entropy", "-o",
+                              (tmp / "again.json").string()});
+  REQUIRE(again.exit_code == 0);
+  auto a = nlohmann::json::parse(std::ifstream(tmp / "entropy.json"));
+  auto b = nlohmann::json::parse(std::ifstream(tmp / "again.json"));
+  CHECK(a["tensors"] == b["tensors"]);
+  // Wrong data shape: exit 2 naming the file and the input.
+  fs::create_directories(tmp / "bad" / "feed_0");
+  fs::copy_file(test::source_dir() / "tests/models/transformer_op13_data/feed_0/input.npy", tmp / "bad" / "feed_0" / "input.npy");
+  auto bad = test::run_mpq({"calibrate", model.string(), "--data", (tmp / "bad").string(), "-o", (tmp / "x.json").string()});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("input.npy"));
+  CHECK_FALSE(fs::exists(tmp / "x.json"));
+  // Refuses to overwrite the model.
+  auto self = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "-o", model.string()});
+  CHECK(self.exit_code == 2);
+}
