@@ -26,6 +26,9 @@ void setup_inspect(CLI::App& sub, Action& action);
 void setup_devices(CLI::App& sub, Action& action);
 void setup_run(CLI::App& sub, Action& action);
 void setup_calibrate(CLI::App& sub, Action& action);
+void setup_quantize(CLI::App& sub, Action& action);
+void setup_convert(CLI::App& sub, Action& action);
+void setup_validate(CLI::App& sub, Action& action);
 
 // The command line as typed, for provenance in output files.
 const std::string& command_line();

@@ -16,7 +16,10 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"inspect", "Describe a model: inputs, outputs, ops, parameters, external data", setup_inspect},
       {"run", "Run a model on a data folder and write or summarise its outputs", setup_run},
+      {"convert", "Convert to FP16 or BF16, keeping numerically fragile ops in FP32", setup_convert},
       {"calibrate", "Collect activation ranges on calibration data and write a calibration table", setup_calibrate},
+      {"quantize", "Quantize to INT8 and export standard QDQ (or QOperator) ONNX", setup_quantize},
+      {"validate", "Compare a candidate model with its FP32 reference and gate on thresholds", setup_validate},
       {"devices", "Show the compute devices this build can use", setup_devices},
   };
   return table;

@@ -1,0 +1,218 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+
+#include "calib/calibrator.h"
+#include "cli.h"
+#include "core/file_io.h"
+#include "ir/onnx_io.h"
+#include "ir/verify.h"
+#include "passes/fold_constants.h"
+#include "passes/fuse_conv_bn.h"
+#include "passes/insert_qdq.h"
+#include "passes/to_qoperator.h"
+#include "runtime/devices.h"
+
+namespace mpq::cli {
+
+namespace {
+
+struct QuantizeOpts {
+  std::string model;
+  std::string output;
+  std::string calib;
+  std::string data;
+  std::string method = "entropy";
+  double percentile = 99.999;
+  int64_t max_samples = -1;
+  int batch_size = 1;
+  bool per_tensor = false;
+  bool per_channel = false;
+  std::string activation_type = "int8";
+  bool symmetric = false;
+  bool reduce_range = false;
+  bool float_bias = false;
+  bool no_fuse = false;
+  bool quantize_attention = false;
+  bool float_outputs = false;
+  std::vector<std::string> exclude_nodes;
+  std::vector<std::string> exclude_ops;
+  std::string format = "qdq";
+  std::string device = "cpu";
+  int threads = 0;
+  bool json = false;
+};
+
+std::set<std::string> split_list(const std::vector<std::string>& items) {
+  std::set<std::string> out;
+  for (const std::string& item : items) {
+    std::stringstream ss(item);
+    std::string part;
+    while (std::getline(ss, part, ','))
+      if (!part.empty()) out.insert(part);
+  }
+  return out;
+}
+
+int quantize_command(const QuantizeOpts& o) {
+  if (o.calib.empty() == o.data.empty()) fail_input("give exactly one of --calib TABLE or --data DIR");
+  if (o.per_tensor && o.per_channel) fail_input("--per-channel and --per-tensor exclude each other");
+  if (o.symmetric && o.activation_type == "int8") spdlog::debug("int8 activations are symmetric already");
+  rt::BackendKind backend = rt::resolve_device(o.device);
+  refuse_overwrite_input(o.model, o.output);
+  auto t0 = std::chrono::steady_clock::now();
+  ir::Model model = ir::load_model(o.model);
+  ir::verify_or_throw(model);
+  const uintmax_t size_before = fs::file_size(o.model);
+
+  // Prepare: fold constants and BatchNormalization so weights are final before they are quantized.
+  passes::FoldConstants fold;
+  passes::PassStats folded = passes::run_pass(fold, model);
+  passes::PassStats fused;
+  if (!o.no_fuse) {
+    passes::FuseConvBn fuse;
+    fused = passes::run_pass(fuse, model);
+  }
+
+  calib::CalibrationTable table;
+  std::string method;
+  uint64_t samples = 0;
+  if (!o.calib.empty()) {
+    table = calib::read_table(o.calib);
+    method = table.method;
+    samples = table.samples;
+  } else {
+    calib::CalibOptions co;
+    co.method = calib::parse_range_method(o.method);
+    co.range.percentile = o.percentile;
+    co.max_samples = o.max_samples;
+    co.batch_size = o.batch_size;
+    co.activation_type = o.activation_type;
+    co.reduce_range = o.reduce_range;
+    co.backend = backend;
+    co.threads = o.threads;
+    data::DataOptions dopts;
+    dopts.max_feeds = o.max_samples;
+    data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
+    Progress progress("calibrate", static_cast<int64_t>(feeds.size()));
+    co.progress = [&](int64_t done, int64_t) { progress.update(done); };
+    table = calib::calibrate(model, feeds, co);
+    progress.finish();
+    method = table.method;
+    samples = table.samples;
+  }
+
+  passes::QdqOptions qo;
+  qo.per_channel = !o.per_tensor;
+  qo.activation_type = o.activation_type;
+  qo.symmetric = o.symmetric;
+  qo.reduce_range = o.reduce_range;
+  qo.quantize_bias = !o.float_bias;
+  qo.quantize_attention = o.quantize_attention;
+  qo.quantize_outputs = !o.float_outputs;
+  qo.exclude_nodes = split_list(o.exclude_nodes);
+  qo.exclude_ops = split_list(o.exclude_ops);
+  passes::QdqReport rep = passes::insert_qdq(model, table, qo);
+  ir::verify_or_throw(model);
+  int qop_nodes = 0;
+  if (o.format == "qoperator") {
+    qop_nodes = passes::convert_to_qoperator(model, table, qo);
+    ir::verify_or_throw(model);
+  }
+
+  model.set_metadata("mpq.version", MPQ_VERSION);
+  model.set_metadata("mpq.command", command_line());
+  model.set_metadata("mpq.quantization.format", o.format);
+  model.set_metadata("mpq.quantization.calibration_method", method);
+  model.set_metadata("mpq.quantization.calibration_samples", std::to_string(samples));
+  model.set_metadata("mpq.quantization.weights", rep.per_channel ? "int8 symmetric per-channel" : "int8 symmetric per-tensor");
+  model.set_metadata("mpq.quantization.activations", o.activation_type == "int8" ? "int8 symmetric per-tensor"
+                                                                                 : (o.symmetric ? "uint8 symmetric per-tensor" : "uint8 asymmetric per-tensor"));
+  model.set_metadata("mpq.quantization.bias", o.float_bias ? "float" : "int32");
+  ir::save_model(model, o.output);
+  const uintmax_t size_after = fs::file_size(o.output);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int quantized = 0;
+  for (const auto& [op, n] : rep.quantized) quantized += n;
+  if (o.json) {
+    nlohmann::json j;
+    j["output"] = o.output;
+    j["format"] = o.format;
+    j["quantized"] = rep.quantized;
+    j["skipped"] = nlohmann::json::array();
+    for (const auto& [node, why] : rep.skipped) j["skipped"].push_back({{"node", node}, {"reason", why}});
+    j["activation_qdq_pairs"] = rep.activation_pairs;
+    j["weight_tensors"] = rep.weight_tensors;
+    j["int32_biases"] = rep.int32_biases;
+    j["per_channel"] = rep.per_channel;
+    j["folded_constants"] = folded.changed;
+    j["fused_batchnorms"] = fused.changed;
+    j["qoperator_nodes"] = qop_nodes;
+    j["size_before_bytes"] = size_before;
+    j["size_after_bytes"] = size_after;
+    j["calibration"] = {{"method", method}, {"samples", samples}};
+    j["notes"] = rep.notes;
+    j["seconds"] = secs;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::string> by_op;
+  for (const auto& [op, n] : rep.quantized) by_op.push_back(fmt::format("{} {}", op, n));
+  std::cout << fmt::format("quantized {} node(s) to INT8 ({}): {}\n", quantized, o.format, fmt::join(by_op, ", "));
+  std::cout << fmt::format("  {} activation Q/DQ pairs, {} weight tensors ({}), {} int32 biases; {} BatchNorm fused, {} constants folded\n",
+                           rep.activation_pairs, rep.weight_tensors, rep.per_channel ? "per channel" : "per tensor",
+                           rep.int32_biases, fused.changed, folded.changed);
+  if (o.format == "qoperator") std::cout << fmt::format("  {} QOperator node(s)\n", qop_nodes);
+  if (!rep.skipped.empty()) {
+    std::cout << fmt::format("  kept in float: {}\n", rep.skipped.size());
+    for (const auto& [node, why] : rep.skipped) std::cout << fmt::format("    {}: {}\n", node, why);
+  }
+  for (const std::string& note : rep.notes) std::cout << "  note: " << note << "\n";
+  std::cout << fmt::format("  calibration: {} on {} sample(s)\n", method, samples);
+  std::cout << fmt::format("wrote {}: {} -> {} ({:.1f}% of FP32) in {:.2f} s\n", o.output,
+                           human_bytes(static_cast<double>(size_before)), human_bytes(static_cast<double>(size_after)),
+                           100.0 * static_cast<double>(size_after) / static_cast<double>(size_before), secs);
+  return 0;
+}
+
+}  // namespace
+
+void setup_quantize(CLI::App& sub, Action& action) {
+  auto o = std::make_shared<QuantizeOpts>();
+  std::vector<std::string> names;
+  for (const auto& m : calib::range_methods()) names.push_back(m.name);
+  sub.add_option("MODEL", o->model, "FP32 ONNX model")->required();
+  sub.add_option("-o,--output", o->output, "quantized model to write")->required();
+  sub.add_option("--calib", o->calib, "calibration table from `mpq calibrate` (.json or .pb)");
+  sub.add_option("--data", o->data, "calibrate here instead, on this data folder");
+  sub.add_option("--method", o->method, "range method with --data: minmax, percentile, entropy (default), mse")
+      ->check(CLI::IsMember(names));
+  sub.add_option("--percentile", o->percentile, "percentile for --method percentile");
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds for calibration");
+  sub.add_option("--batch-size", o->batch_size, "feeds per calibration run");
+  sub.add_flag("--per-channel", o->per_channel, "per-channel int8 weights (default)");
+  sub.add_flag("--per-tensor", o->per_tensor, "one scale per weight tensor");
+  sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, TensorRT; default) or uint8 (asymmetric)")
+      ->check(CLI::IsMember({"int8", "uint8"}));
+  sub.add_flag("--symmetric", o->symmetric, "symmetric uint8 activations (zero point 128)");
+  sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations for CPUs without VNNI");
+  sub.add_flag("--float-bias", o->float_bias, "keep biases in float instead of int32");
+  sub.add_flag("--no-fuse", o->no_fuse, "do not fold BatchNormalization into Conv/Gemm first");
+  sub.add_flag("--quantize-attention", o->quantize_attention, "also quantize MatMuls whose inputs are both activations");
+  sub.add_flag("--float-outputs", o->float_outputs, "leave graph outputs of Conv/Gemm/MatMul unquantized");
+  sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");
+  sub.add_option("--exclude-ops", o->exclude_ops, "op types to keep in float (comma separated)");
+  sub.add_option("--format", o->format, "qdq (QuantizeLinear/DequantizeLinear, default) or qoperator (QLinearConv, ...)")
+      ->check(CLI::IsMember({"qdq", "qoperator"}));
+  sub.add_option("--device", o->device, "calibration device: cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
+  sub.footer("Example: mpq quantize model.onnx --data calib_data/calib --method entropy -o model.int8.onnx");
+  sub.callback([&action, o] { action = [o] { return quantize_command(*o); }; });
+}
+
+}  // namespace mpq::cli

@@ -1,0 +1,60 @@
+#pragma once
+// QDQ insertion: turns an FP32 model plus a calibration table into a standard QDQ ONNX model that
+// ONNX Runtime and TensorRT accept, following their conventions:
+//  - activation QuantizeLinear -> DequantizeLinear on the inputs of Conv, ConvTranspose, Gemm and
+//    MatMul (one pair per tensor, shared by every quantized consumer);
+//  - weights stored as int8 initializers (symmetric, [-127, 127]) feeding a DequantizeLinear, per
+//    channel on the output-channel axis (0 for Conv, 1 for ConvTranspose, the N axis for Gemm and
+//    MatMul) or per tensor;
+//  - bias as int32 with scale = input scale x weight scale (or kept in float);
+//  - MaxPool, Concat and Resize whose output is quantized get their inputs quantized too, sharing one
+//    scale (Concat inputs share the output's scale), so they run in int8 without extra rounding;
+//    Add, Mul and pooling whose neighbours are already quantized read the shared DequantizeLinear;
+//  - never inside Softmax, LayerNorm (op or written out) or GELU patterns;
+//  - graph outputs stay float unless produced by Conv/Gemm/MatMul.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "calib/table.h"
+#include "ir/graph.h"
+
+namespace mpq::passes {
+
+struct QdqOptions {
+  bool per_channel = true;
+  std::string activation_type = "int8";  // int8: symmetric, zero point 0; uint8: asymmetric
+  bool symmetric = false;                // uint8 only: symmetric around 128
+  bool reduce_range = false;
+  bool quantize_bias = true;             // int32 bias (false: bias stays float)
+  bool quantize_outputs = true;          // graph outputs produced by Conv/Gemm/MatMul
+  bool quantize_attention = false;       // MatMul with two activation inputs
+  std::set<std::string> exclude_nodes;   // node names kept in float
+  std::set<std::string> exclude_ops;     // op types kept in float
+};
+
+struct QdqReport {
+  std::map<std::string, int> quantized;                    // op type -> nodes quantized
+  std::vector<std::pair<std::string, std::string>> skipped;  // node label, reason
+  int activation_pairs = 0;
+  int weight_tensors = 0;
+  int int32_biases = 0;
+  bool per_channel = true;
+  std::vector<std::string> notes;
+};
+
+// Rewrites `model` in place; the model's opset is raised to 13 when per-channel weights need it
+// (or the weights fall back to per tensor, with a note, when the model cannot be raised).
+QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& options);
+
+// Quantization parameters of a weight tensor (int8 symmetric, per channel along `axis`, or per
+// tensor when axis < 0), and its quantized values.
+struct QuantizedWeight {
+  Tensor values;  // int8, same shape
+  Tensor scales;  // float32 [C] or scalar
+  std::vector<float> scale_list;
+};
+QuantizedWeight quantize_weight(const Tensor& w, int axis);
+
+}  // namespace mpq::passes

@@ -1,0 +1,74 @@
+#include "passes/to_qoperator.h"
+
+#include <fmt/format.h>
+
+#include "calib/qparams.h"
+#include "core/error.h"
+#include "passes/pass.h"
+
+namespace mpq::passes {
+
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::Value;
+
+// The DequantizeLinear feeding `v`, or nullptr.
+Node* dq_of(const Value* v) {
+  if (!v || !v->producer() || v->producer()->op_type != "DequantizeLinear" || !v->producer()->domain.empty())
+    return nullptr;
+  return v->producer();
+}
+
+}  // namespace
+
+int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& o) {
+  Graph& g = *model.graph;
+  int converted = 0;
+  std::vector<Node*> candidates;
+  for (const auto& n : g.nodes())
+    if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "MatMul")) candidates.push_back(n.get());
+  for (Node* n : candidates) {
+    Node* dx = dq_of(n->input(0));
+    Node* dw = dq_of(n->input(1));
+    if (!dx || !dw) continue;
+    Value* y = n->output(0);
+    const calib::TensorCalib* yc = table.find(y->name());
+    if (!yc) continue;
+    // The bias must already be int32 (DequantizeLinear of an int32 initializer) or absent.
+    Value* bias_q = nullptr;
+    if (n->op_type == "Conv" && n->input(2)) {
+      Node* db = dq_of(n->input(2));
+      if (!db || !db->input(0) || !db->input(0)->has_initializer() || db->input(0)->initializer().dtype() != DType::Int32)
+        continue;
+      bias_q = db->input(0);
+    }
+    calib::QParams yq = o.activation_type == "int8" ? calib::symmetric_int8(yc->amax, o.reduce_range)
+                                                    : calib::asymmetric_uint8(yc->min, yc->max, o.reduce_range);
+    const std::string base = y->name();
+    Value* ys = g.add_initializer(g.unique_name(base + "_scale"), Tensor::scalar<float>(yq.scale));
+    Tensor zp = yq.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(yq.zero_point))
+                                         : Tensor::scalar<int8_t>(static_cast<int8_t>(yq.zero_point));
+    Value* yz = g.add_initializer(g.unique_name(base + "_zero_point"), zp);
+    Value* yqv = g.add_value(g.unique_name(base + "_quantized"));
+    std::vector<Value*> ins = {dx->input(0), dx->input(1), dx->input(2), dw->input(0), dw->input(1), dw->input(2), ys, yz};
+    if (bias_q) ins.push_back(bias_q);
+    const std::string op = n->op_type == "Conv" ? "QLinearConv" : "QLinearMatMul";
+    std::string name = n->name.empty() ? g.unique_name(base + "_" + op) : n->name;
+    std::vector<ir::Attribute> attrs = n->attributes;
+    g.remove_node(n);
+    Node* q = g.add_node(op, ins, {yqv}, name);
+    if (op == "QLinearConv") q->attributes = attrs;
+    g.add_node("DequantizeLinear", {yqv, ys, yz}, {y}, g.unique_name(base + "_DequantizeLinear"));
+    ++converted;
+  }
+  if (converted) {
+    g.topological_sort();
+    g.remove_dead_nodes();
+    remove_unused_initializers(model);
+  }
+  return converted;
+}
+
+}  // namespace mpq::passes
