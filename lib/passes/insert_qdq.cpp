@@ -118,7 +118,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
   const std::vector<PatternMatch> patterns = find_fragile_patterns(g);
   const auto membership = pattern_membership(patterns);
   auto excluded = [&](const Node* n) { return o.exclude_nodes.count(n->name) || o.exclude_ops.count(n->op_type); };
-  auto calibrated = [&](const Value* v) { return v && !v->is_constant() && table.find(v->name()) != nullptr; };
+  auto calibrated = [&](const Value* v) { return v && !constant_value(v) && table.find(v->name()) != nullptr; };
 
   // ---- 1. anchors: the nodes whose inputs get quantized
   std::vector<Anchor> anchors;
@@ -138,7 +138,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     Value* x = n->input(0);
     Value* w = n->input(1);
     if (!calibrated(x)) {
-      rep.skipped.emplace_back(n->label(), x && x->is_constant() ? "first input is a constant"
+      rep.skipped.emplace_back(n->label(), constant_value(x) ? "first input is a constant"
                                                                  : fmt::format("no calibration range for input '{}'", x ? x->name() : "?"));
       continue;
     }
@@ -234,7 +234,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
       continue;
     std::vector<size_t> acts;
     for (size_t i = 0; i < n->num_inputs(); ++i)
-      if (n->input(i) && !n->input(i)->is_constant()) acts.push_back(i);
+      if (n->input(i) && !constant_value(n->input(i))) acts.push_back(i);
     if (acts.empty()) continue;
     bool all_in = true;
     for (size_t i : acts) all_in = all_in && rewire.count(n->input(i));
@@ -290,10 +290,10 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     Tensor zp_t = q.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(q.zero_point))
                                           : Tensor::scalar<int8_t>(static_cast<int8_t>(q.zero_point));
     Value* zp = g.add_initializer(g.unique_name(base + "_zero_point"), zp_t);
+    // New intermediate values carry no declared type: value_info would only grow the file.
     Value* qv = g.add_value(g.unique_name(base + "_quantized"));
-    if (input->type.is_tensor() && input->type.has_shape) qv->type = ir::ValueType::tensor(q.dtype, input->type.dims);
-    g.add_node("QuantizeLinear", {input, scale, zp}, {qv}, g.unique_name(base + "_QuantizeLinear"));
-    g.add_node("DequantizeLinear", {qv, scale, zp}, {dq_out}, g.unique_name(base + "_DequantizeLinear"));
+    g.add_node("QuantizeLinear", {input, scale, zp}, {qv});  // unnamed: node names are optional and only grow the file
+    g.add_node("DequantizeLinear", {qv, scale, zp}, {dq_out});
     ++rep.activation_pairs;
   };
   for (Value* v : graph_outputs_to_quantize) {
@@ -307,7 +307,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
   }
   for (Value* v : order) {
     calib::QParams q = qparams_of(v);
-    Value* dq = g.add_value(g.unique_name(base_name(v) + "_dequantized"), v->type);
+    Value* dq = g.add_value(g.unique_name(base_name(v) + "_dequantized"));
     make_pair(v, dq, q, base_name(v));
     for (const auto& [consumer, index] : rewire[v]) {
       g.set_node_input(consumer, index, dq);
@@ -330,8 +330,8 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
       Value* ws = g.add_initializer(g.unique_name(w->name() + "_scale"), qw.scales);
       Tensor zeros = Tensor::zeros(DType::Int8, qw.scales.shape());
       Value* wz = g.add_initializer(g.unique_name(w->name() + "_zero_point"), zeros);
-      Value* wdq = g.add_value(g.unique_name(w->name() + "_dequantized"), ir::ValueType::tensor(DType::Float32, qw.values.shape()));
-      Node* dq = g.add_node("DequantizeLinear", {wq, ws, wz}, {wdq}, g.unique_name(w->name() + "_DequantizeLinear"));
+      Value* wdq = g.add_value(g.unique_name(w->name() + "_dequantized"));
+      Node* dq = g.add_node("DequantizeLinear", {wq, ws, wz}, {wdq});
       if (axis >= 0) dq->set_attr(Attribute::make_int("axis", axis));
       it = weight_cache.emplace(key, std::make_pair(wdq, qw.scale_list)).first;
       ++rep.weight_tensors;
@@ -361,14 +361,15 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     Value* bqv = g.add_initializer(g.unique_name(base + "_quantized"), Tensor::from<int32_t>({channels}, bq));
     Value* bsv = g.add_initializer(g.unique_name(base + "_scale"), Tensor::from<float>({channels}, bscale));
     Value* bzv = g.add_initializer(g.unique_name(base + "_zero_point"), Tensor::zeros(DType::Int32, {channels}));
-    Value* bdq = g.add_value(g.unique_name(base + "_dequantized"), ir::ValueType::tensor(DType::Float32, Shape{channels}));
-    Node* dq = g.add_node("DequantizeLinear", {bqv, bsv, bzv}, {bdq}, g.unique_name(base + "_DequantizeLinear"));
+    Value* bdq = g.add_value(g.unique_name(base + "_dequantized"));
+    Node* dq = g.add_node("DequantizeLinear", {bqv, bsv, bzv}, {bdq});
     dq->set_attr(Attribute::make_int("axis", 0));
     g.set_node_input(n, 2, bdq);
     ++rep.int32_biases;
   }
 
   g.topological_sort();
+  g.remove_dead_nodes();  // Constant nodes whose weights were replaced
   remove_unused_initializers(model);
   return rep;
 }

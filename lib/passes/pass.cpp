@@ -83,8 +83,14 @@ std::vector<PassStats> run_passes(ir::Model& model, const std::vector<std::strin
 }
 
 const Tensor* constant_value(const ir::Value* v) {
-  if (!v || !v->is_constant()) return nullptr;
-  return &v->initializer();
+  if (!v) return nullptr;
+  if (v->is_constant()) return &v->initializer();
+  // A Constant node's tensor (fold_constants turns these into initializers, but passes also run
+  // on unfolded graphs).
+  const ir::Node* p = v->producer();
+  if (p && p->op_type == "Constant" && p->domain.empty() && p->attr("value") && p->attr("value")->type == ir::AttrType::Tensor)
+    return &p->attr("value")->t;
+  return nullptr;
 }
 
 size_t consumer_count(const ir::Model& model, const ir::Value* v) {

@@ -39,7 +39,7 @@ Node* single_consumer_op(const Value* v, const char* op) {
   return (n->op_type == op && n->domain.empty()) ? n : nullptr;
 }
 
-bool is_const(const Value* v) { return v && v->is_constant(); }
+bool is_const(const Value* v) { return constant_value(v) != nullptr; }
 
 // The other input of a binary node.
 Value* other_input(const Node* n, const Value* v) { return n->input(0) == v ? n->input(1) : n->input(0); }

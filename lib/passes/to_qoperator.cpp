@@ -60,7 +60,7 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
     g.remove_node(n);
     Node* q = g.add_node(op, ins, {yqv}, name);
     if (op == "QLinearConv") q->attributes = attrs;
-    g.add_node("DequantizeLinear", {yqv, ys, yz}, {y}, g.unique_name(base + "_DequantizeLinear"));
+    g.add_node("DequantizeLinear", {yqv, ys, yz}, {y});
     ++converted;
   }
   if (converted) {
