@@ -1,0 +1,302 @@
+#pragma once
+// Internal helpers of the math kernel families (unary.cpp, softmax.cpp, reduce.cpp, norm.cpp):
+// branch-free float32 approximations of exp/log/tanh/erf that the compiler can vectorise (the
+// libm calls cannot be vectorised without -ffast-math), multi-lane reductions over contiguous
+// rows, and the [outer, n, inner] view of a tensor around one axis.
+//
+// Accuracy: fast_exp and fast_log are within 2 ulp over their whole range (Cephes' polynomials);
+// the derived functions keep a relative error below 1e-6, far inside ONNX's test tolerance.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "core/tensor.h"
+
+namespace mpq::rt::cpu::math {
+
+inline float bits_to_f(uint32_t u) { return std::bit_cast<float>(u); }
+inline uint32_t f_to_bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+// c ? a : b as a bit blend. GCC (with the default -ftrapping-math) refuses to if-convert a
+// conditional whose arms do floating-point arithmetic, which keeps such loops scalar; a blend of
+// two values computed unconditionally vectorises.
+template <typename T>
+inline T sel(bool c, T a, T b) {
+  if constexpr (std::is_same_v<T, float>) {
+    const uint32_t m = 0u - static_cast<uint32_t>(c);
+    return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
+  } else if constexpr (std::is_same_v<T, double>) {
+    const uint64_t m = uint64_t{0} - static_cast<uint64_t>(c);
+    return std::bit_cast<double>((std::bit_cast<uint64_t>(a) & m) | (std::bit_cast<uint64_t>(b) & ~m));
+  } else {
+    return c ? a : b;
+  }
+}
+
+// e^x. Overflows to inf above ~88.72, underflows to 0 (denormals kept approximately), NaN in, NaN out.
+inline float fast_exp(float x) {
+  x = sel(x < -104.0f, -104.0f, x);
+  x = sel(x > 88.8f, 88.8f, x);
+  const float t = x * 1.44269504088896341f;
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  float fn = t + magic;
+  const int32_t n = static_cast<int32_t>(f_to_bits(fn)) - static_cast<int32_t>(f_to_bits(magic));
+  fn -= magic;
+  float r = x - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n in two factors so that n in [-150, 128] never leaves the normal exponent range.
+  const int32_t n1 = n >> 1;
+  const int32_t n2 = n - n1;
+  const float s1 = bits_to_f(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = bits_to_f(static_cast<uint32_t>(n2 + 127) << 23);
+  return p * s1 * s2;
+}
+
+// e^x - 1, accurate near 0.
+inline float fast_expm1(float x) {
+  const float big = fast_exp(x) - 1.0f;
+  // Taylor series for |x| < 0.5 (truncation error < 6e-9).
+  float p = 1.0f / 40320.0f;
+  p = p * x + 1.0f / 5040.0f;
+  p = p * x + 1.0f / 720.0f;
+  p = p * x + 1.0f / 120.0f;
+  p = p * x + 1.0f / 24.0f;
+  p = p * x + 1.0f / 6.0f;
+  p = p * x + 0.5f;
+  const float small = (p * x) * x + x;
+  return sel(std::fabs(x) < 0.5f, small, big);
+}
+
+// Natural logarithm: -inf at 0, NaN below 0, inf at inf, denormals handled.
+inline float fast_log(float x) {
+  const bool denorm = x < std::numeric_limits<float>::min();
+  const float xs = sel(denorm, x * 8388608.0f, x);  // scale denormals by 2^23
+  const uint32_t bits = f_to_bits(xs);
+  int32_t e = static_cast<int32_t>((bits >> 23) & 0xffu) - 126;
+  float m = bits_to_f((bits & 0x7fffffu) | 0x3f000000u);  // mantissa in [0.5, 1)
+  const bool lo = m < 0.707106781186547524f;
+  e -= static_cast<int32_t>(lo);
+  m = sel(lo, m + m - 1.0f, m - 1.0f);
+  const float ef = static_cast<float>(e) - sel(denorm, 23.0f, 0.0f);
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y += ef * -2.12194440e-4f;
+  y += -0.5f * z;
+  float r = m + y;
+  r += ef * 0.693359375f;
+  const float inf = std::numeric_limits<float>::infinity();
+  r = sel(x == 0.0f, -inf, r);
+  r = sel(x == inf, inf, r);
+  r = sel((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), r);
+  return r;
+}
+
+// log(1 + x) accurate near 0 (x >= -1).
+inline float fast_log1p(float x) {
+  const float u = 1.0f + x;
+  const float d = u - 1.0f;
+  // log(u) * x / (u - 1) corrects the rounding of 1 + x; when u == 1 the answer is x itself.
+  const float corrected = fast_log(u) * (x / sel(d == 0.0f, 1.0f, d));
+  return sel(d == 0.0f, x, sel(u == std::numeric_limits<float>::infinity(), u, corrected));
+}
+
+inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+inline float fast_tanh(float x) {
+  const float ax = std::fabs(x);
+  // Large |x|: 1 - 2 / (e^{2|x|} + 1); small |x|: Cephes' odd polynomial.
+  const float big = 1.0f - 2.0f / (fast_exp(2.0f * ax) + 1.0f);
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  return sel(ax < 0.625f, small, std::copysign(big, x));
+}
+
+// erfc(z) for z >= 0 with a relative error below 1.2e-7 (Chebyshev fit, Numerical Recipes 6.2).
+inline float fast_erfc_pos(float z) {
+  const float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  return t * fast_exp(-z * z + p);
+}
+
+// erf(x) for |x| < 0.5 by its Taylor series (relative error < 1e-8).
+inline float erf_small(float x) {
+  const float z = x * x;
+  float p = 1.0f / 9360.0f;
+  p = -p * z + 1.0f / 1320.0f;
+  p = p * z - 1.0f / 216.0f;
+  p = p * z + 1.0f / 42.0f;
+  p = p * z - 1.0f / 10.0f;
+  p = p * z + 1.0f / 3.0f;
+  p = p * z - 1.0f;
+  return -1.1283791670955126f * x * p;
+}
+
+inline float fast_erf(float x) {
+  const float ax = std::fabs(x);
+  const float big = std::copysign(1.0f - fast_erfc_pos(ax), x);
+  return sel(ax < 0.5f, erf_small(x), sel(x != x, x, big));
+}
+
+// 1 + erf(x) without cancellation for negative x (for Gelu).
+inline float fast_one_plus_erf(float x) {
+  const float ax = std::fabs(x);
+  const float c = fast_erfc_pos(ax);
+  const float big = sel(x > 0.0f, 2.0f - c, c);
+  return sel(ax < 0.5f, 1.0f + erf_small(x), sel(x != x, x, big));
+}
+
+// Sum / max of a contiguous float row with independent lanes (vectorised without -ffast-math).
+inline float row_sum(const float* x, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+  float s = 0.0f;
+  for (; i < n; ++i) s += x[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+// Max / min of a contiguous float row; NaN anywhere gives NaN. Written with GCC/Clang vector
+// extensions: a select-based reduction is not auto-vectorised.
+namespace detail {
+typedef float v4f __attribute__((vector_size(16)));
+inline v4f load4(const float* p) {
+  v4f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <bool kMax>
+inline float row_extreme(const float* x, int64_t n) {
+  const float init = kMax ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  v4f a0 = {init, init, init, init}, a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const v4f x0 = load4(x + i), x1 = load4(x + i + 4), x2 = load4(x + i + 8), x3 = load4(x + i + 12);
+    if constexpr (kMax) {
+      a0 = ((x0 > a0) | (x0 != x0)) ? x0 : a0;
+      a1 = ((x1 > a1) | (x1 != x1)) ? x1 : a1;
+      a2 = ((x2 > a2) | (x2 != x2)) ? x2 : a2;
+      a3 = ((x3 > a3) | (x3 != x3)) ? x3 : a3;
+    } else {
+      a0 = ((x0 < a0) | (x0 != x0)) ? x0 : a0;
+      a1 = ((x1 < a1) | (x1 != x1)) ? x1 : a1;
+      a2 = ((x2 < a2) | (x2 != x2)) ? x2 : a2;
+      a3 = ((x3 < a3) | (x3 != x3)) ? x3 : a3;
+    }
+  }
+  float m = init;
+  auto take = [&m](float v) {
+    if (m != m) return;  // a NaN was found: it stays
+    if (v != v || (kMax ? v > m : v < m)) m = v;
+  };
+  for (int j = 0; j < 4; ++j) {
+    take(a0[j]);
+    take(a1[j]);
+    take(a2[j]);
+    take(a3[j]);
+  }
+  for (; i < n; ++i) take(x[i]);
+  return m;
+}
+}  // namespace detail
+
+inline float row_max(const float* x, int64_t n) { return detail::row_extreme<true>(x, n); }
+inline float row_min(const float* x, int64_t n) { return detail::row_extreme<false>(x, n); }
+
+// Sum of (x - mean)^2 over a contiguous row.
+inline float row_sq_dev(const float* x, int64_t n, float mean) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const float d = x[i + j] - mean;
+      acc[j] += d * d;
+    }
+  float s = 0.0f;
+  for (; i < n; ++i) {
+    const float d = x[i] - mean;
+    s += d * d;
+  }
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+// Generic (double) versions used by the float64 paths.
+template <typename T>
+T row_sum_t(const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row_sum(x, n);
+  } else {
+    T s = 0;
+    for (int64_t i = 0; i < n; ++i) s += x[i];
+    return s;
+  }
+}
+
+template <typename T>
+T row_sq_dev_t(const T* x, int64_t n, T mean) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row_sq_dev(x, n, mean);
+  } else {
+    T s = 0;
+    for (int64_t i = 0; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+    return s;
+  }
+}
+
+// A tensor seen as [outer, n, inner] around `axis`.
+struct AxisLayout {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+
+inline AxisLayout axis_layout(const Shape& shape, int axis) {
+  AxisLayout l;
+  for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
+    if (i < axis) l.outer *= shape[static_cast<size_t>(i)];
+    else if (i == axis) l.n = shape[static_cast<size_t>(i)];
+    else l.inner *= shape[static_cast<size_t>(i)];
+  }
+  return l;
+}
+
+// Grain (in outer items) so that one parallel chunk holds about `work` elements.
+inline int64_t grain_for(int64_t per_item, int64_t work = 32768) {
+  return std::max<int64_t>(1, work / std::max<int64_t>(per_item, 1));
+}
+
+}  // namespace mpq::rt::cpu::math
