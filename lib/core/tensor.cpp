@@ -81,7 +81,7 @@ std::shared_ptr<void> host_alloc(size_t bytes) {
   size_t cls = size_class(bytes == 0 ? 1 : bytes);
   void* p = HostCache::instance().take(cls);
   if (!p) {
-    p = std::aligned_alloc(64, cls);
+    p = std::aligned_alloc(64, (cls + 63) / 64 * 64);  // size must be a multiple of the alignment
     if (!p) fail_internal("out of host memory allocating {} bytes", cls);
   }
   return std::shared_ptr<void>(p, [cls](void* q) { HostCache::instance().give(q, cls); });

@@ -1,0 +1,82 @@
+#pragma once
+// Internal helpers shared by the data-movement kernels (shape_*.cpp, tensor_*.cpp, resize.cpp):
+// strided copies of any element width (strings included), an N-D transpose with a tiled inner
+// kernel, and small attribute/input readers. Not a public API.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/common.h"
+
+namespace mpq::rt::cpu {
+
+// A strided view walked as `outer` runs of `inner` elements. Adjacent dimensions that are
+// contiguous in the source are merged and size-1 dimensions dropped, so the odometer only turns
+// where the memory layout really jumps.
+struct StridedRuns {
+  std::vector<int64_t> dims;     // outer dims (merged)
+  std::vector<int64_t> strides;  // source strides (elements) of the outer dims
+  int64_t inner = 1;             // elements per run
+  int64_t inner_stride = 1;      // source stride (elements) inside a run; may be 0 or negative
+  int64_t outer = 1;             // number of runs
+};
+
+// `shape` is the (contiguous) destination shape, `strides` the source stride of each dimension.
+StridedRuns make_runs(const Shape& shape, const std::vector<int64_t>& strides);
+
+// Calls f(run_index, src_offset) for runs [lo, hi) in order; src_offset is relative to the view base.
+template <typename F>
+void for_runs(const StridedRuns& r, int64_t lo, int64_t hi, F&& f) {
+  const size_t nd = r.dims.size();
+  int64_t idx_buf[16];
+  std::vector<int64_t> idx_vec;
+  int64_t* idx = idx_buf;
+  if (nd > 16) {
+    idx_vec.resize(nd);
+    idx = idx_vec.data();
+  }
+  int64_t off = 0;
+  int64_t o = lo;
+  for (size_t d = nd; d-- > 0;) {
+    idx[d] = o % r.dims[d];
+    o /= r.dims[d];
+    off += idx[d] * r.strides[d];
+  }
+  for (int64_t run = lo; run < hi; ++run) {
+    f(run, off);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < r.dims[d]) {
+        off += r.strides[d];
+        break;
+      }
+      off -= (r.dims[d] - 1) * r.strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// dst (contiguous, `shape`) = the view of src at `base` with per-dimension `strides` (elements).
+// Works for any fixed-width type and for strings.
+void strided_copy(ThreadPool& pool, const Tensor& src, int64_t base, const std::vector<int64_t>& strides,
+                  Tensor& dst);
+
+// Transposes src by `perm` into a new tensor (any element type).
+Tensor transpose_tensor(ThreadPool& pool, const Tensor& src, const std::vector<int64_t>& perm);
+
+// Copies n elements between tensors of the same dtype (strings included).
+void copy_elements(const Tensor& src, int64_t src_off, Tensor& dst, int64_t dst_off, int64_t n);
+
+// Element size in bytes for fixed-width types (fails for strings / packed types).
+size_t elem_bytes(const KernelContext& ctx, DType t);
+
+// Integer list from an optional input (empty when absent or an empty tensor).
+std::vector<int64_t> optional_input_ints(const KernelContext& ctx, size_t i);
+
+// Extra registration entry points (called from register_shape_ops / register_tensor_ops).
+void register_shape_slice_pad(OpRegistry& r);  // shape_slice_pad.cpp: Slice, Pad
+void register_tensor_gather(OpRegistry& r);    // tensor_gather.cpp: Gather*, Scatter*, Compress
+void register_tensor_misc(OpRegistry& r);      // tensor_misc.cpp: TopK, Unique, ReverseSequence, NonZero
+void register_tensor_cast(OpRegistry& r);      // tensor_cast.cpp: Cast, CastLike
+
+}  // namespace mpq::rt::cpu
