@@ -1,0 +1,95 @@
+#include "runtime/cpu/conv_common.h"
+
+#include <algorithm>
+
+#include "runtime/cpu/reference.h"
+
+namespace mpq::rt::cpu {
+
+AutoPad read_auto_pad(const KernelContext& ctx) {
+  std::string s = ctx.node().attr_string("auto_pad", "NOTSET");
+  if (s == "NOTSET" || s.empty()) return AutoPad::NotSet;
+  if (s == "SAME_UPPER") return AutoPad::SameUpper;
+  if (s == "SAME_LOWER") return AutoPad::SameLower;
+  if (s == "VALID") return AutoPad::Valid;
+  ctx.fail("auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got '{}'", s);
+}
+
+namespace {
+
+std::vector<int64_t> positive_ints(const KernelContext& ctx, const char* name, size_t k, bool use) {
+  std::vector<int64_t> v = use ? ctx.node().attr_ints(name, {}) : std::vector<int64_t>{};
+  if (v.empty()) v.assign(k, 1);
+  if (v.size() != k) ctx.fail("{} has {} values but the input has {} spatial dimensions", name, v.size(), k);
+  for (int64_t x : v)
+    if (x <= 0) ctx.fail("{} must be positive, got {}", name, x);
+  return v;
+}
+
+}  // namespace
+
+Window forward_window(const KernelContext& ctx, const std::vector<int64_t>& in, const std::vector<int64_t>& kernel,
+                      bool ceil_mode, bool use_dilations) {
+  const size_t k = in.size();
+  Window w;
+  w.in = in;
+  w.kernel = kernel;
+  if (kernel.size() != k) ctx.fail("kernel has {} dimensions but the input has {} spatial dimensions", kernel.size(), k);
+  for (int64_t x : kernel)
+    if (x <= 0) ctx.fail("kernel sizes must be positive, got {}", x);
+  w.strides = positive_ints(ctx, "strides", k, true);
+  w.dilations = positive_ints(ctx, "dilations", k, use_dilations);
+  w.pads.assign(2 * k, 0);
+  w.out.assign(k, 0);
+  const AutoPad ap = read_auto_pad(ctx);
+  if (ap == AutoPad::NotSet) {
+    std::vector<int64_t> p = ctx.node().attr_ints("pads", {});
+    if (!p.empty()) {
+      if (p.size() != 2 * k) ctx.fail("pads has {} values, expected {}", p.size(), 2 * k);
+      for (int64_t x : p)
+        if (x < 0) ctx.fail("pads must not be negative, got {}", x);
+      w.pads = p;
+    }
+  }
+  for (size_t d = 0; d < k; ++d) {
+    const int64_t ek = (kernel[d] - 1) * w.dilations[d] + 1;
+    if (ap == AutoPad::SameUpper || ap == AutoPad::SameLower) {
+      w.out[d] = ceil_div(in[d], w.strides[d]);
+      const int64_t total = std::max<int64_t>(0, (w.out[d] - 1) * w.strides[d] + ek - in[d]);
+      const int64_t small = total / 2, large = total - total / 2;
+      w.pads[d] = ap == AutoPad::SameUpper ? small : large;
+      w.pads[k + d] = ap == AutoPad::SameUpper ? large : small;
+    } else {
+      w.out[d] = pool_output_size(in[d], kernel[d], w.strides[d], w.dilations[d], w.pads[d], w.pads[k + d], ceil_mode);
+    }
+    if (w.out[d] <= 0)
+      ctx.fail("the window (kernel {}, dilation {}) is larger than the padded input ({} + {} + {}) in spatial dimension {}",
+               kernel[d], w.dilations[d], in[d], w.pads[d], w.pads[k + d], d);
+  }
+  return w;
+}
+
+Window3 to_window3(const Window& w) {
+  Window3 r;
+  const size_t k = w.rank();
+  if (k > 3) fail_internal("to_window3: {} spatial dimensions", k);
+  const size_t lead = 3 - k;
+  for (size_t d = 0; d < 3; ++d) {
+    if (d < lead) {
+      r.in[d] = r.k[d] = r.s[d] = r.d[d] = r.out[d] = 1;
+      r.pb[d] = r.pe[d] = 0;
+    } else {
+      const size_t s = d - lead;
+      r.in[d] = w.in[s];
+      r.k[d] = w.kernel[s];
+      r.s[d] = w.strides[s];
+      r.d[d] = w.dilations[s];
+      r.pb[d] = w.pad_begin(s);
+      r.pe[d] = w.pad_end(s);
+      r.out[d] = w.out[s];
+    }
+  }
+  return r;
+}
+
+}  // namespace mpq::rt::cpu

@@ -1,0 +1,83 @@
+#pragma once
+// Internal helpers shared by the Conv, ConvTranspose, Gemm/MatMul and pooling kernels: BLAS
+// wrappers, window attribute parsing (strides, dilations, pads, auto_pad), the depthwise
+// convolution kernel and two AVX2 stride-2 copies (conv_depthwise.cpp). Not a public API.
+#include <cblas.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/common.h"
+
+namespace mpq::rt::cpu {
+
+// OpenBLAS runs a GEMM on one thread when M*N*K is at most 65536 * GEMM_MULTITHREAD_THRESHOLD (4)
+// (interface/gemm.c). Independent GEMMs below this size may be spread over the kernel pool without
+// oversubscribing; larger ones are called one at a time and use OpenBLAS's own threads.
+inline constexpr double kBlasSingleThreadMNK = 65536.0 * 4.0;
+
+inline bool blas_runs_single_threaded(int64_t m, int64_t n, int64_t k) {
+  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kBlasSingleThreadMNK;
+}
+
+// Row-major C = alpha * op(A) * op(B) + beta * C.
+inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+                      const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// floor(a / b) for b > 0 and any sign of a.
+inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
+AutoPad read_auto_pad(const KernelContext& ctx);
+
+// A sliding window over k spatial dimensions with every attribute resolved.
+struct Window {
+  std::vector<int64_t> in, kernel, strides, dilations;
+  std::vector<int64_t> pads;  // 2k: begins then ends
+  std::vector<int64_t> out;
+  size_t rank() const { return in.size(); }
+  int64_t pad_begin(size_t d) const { return pads[d]; }
+  int64_t pad_end(size_t d) const { return pads[rank() + d]; }
+};
+
+// Reads strides / dilations / pads / auto_pad of a Conv or pooling node for the given input and
+// kernel sizes and computes the output sizes (ceil_mode for pools). `use_dilations` false ignores
+// the attribute (pools before the opset that introduced it).
+Window forward_window(const KernelContext& ctx, const std::vector<int64_t>& in, const std::vector<int64_t>& kernel,
+                      bool ceil_mode, bool use_dilations = true);
+
+// The rank-3 form of a window (leading spatial dims of size 1 added), used by kernels that are
+// written once for 1-D, 2-D and 3-D.
+struct Window3 {
+  int64_t in[3], k[3], s[3], d[3], pb[3], pe[3], out[3];
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+  int64_t k_size() const { return k[0] * k[1] * k[2]; }
+};
+Window3 to_window3(const Window& w);
+
+// dst[j] = src[2 * j] for j < n; reads src[0 .. 2n-2] only (AVX2 when the CPU has it).
+void gather_stride2(const float* src, float* dst, int64_t n);
+
+// dst0[j] = src[2 * j], dst1[j] = src[2 * j + 1] for j < n (AVX2 when the CPU has it).
+void split_stride2(const float* src, float* dst0, float* dst1, int64_t n);
+
+// Depthwise 2-D convolution (group == C, W [C*mult, 1, KH, KW]) for float32, any kernel size,
+// stride, dilation and padding; parallel over input planes. `x` is [N, C, H, W]; 1-D convs pass
+// H = KH = 1. `bias` may be null.
+void depthwise_conv2d(ThreadPool& pool, const float* x, const float* w, const float* bias, float* y, int64_t n,
+                      int64_t c, int64_t mult, const Window3& g);
+
+}  // namespace mpq::rt::cpu

@@ -1,0 +1,435 @@
+// Conv and ConvTranspose: the fast paths (im2col + GEMM, pointwise 1x1, direct depthwise, grouped,
+// dilated, strided, padded, auto_pad, 1-D and 3-D) against the scalar reference implementations,
+// on odd shapes with fixed seeds; the reference itself against hand-computed values and the
+// adjoint identity <conv(x), y> == <x, conv_transpose(y)>; malformed nodes rejected.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/reference.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+using rt::cpu::WindowGeometry;
+
+namespace {
+
+using Attrs = std::vector<ir::Attribute>;
+
+// Runs one node through the executor; undefined tensors are omitted optional inputs.
+std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                             size_t n_outputs = 1, int opset = 17, int threads = 2) {
+  ir::Model m;
+  m.set_opset("", opset);
+  ir::Graph* g = m.graph.get();
+  std::vector<ir::Value*> ins;
+  rt::Feeds feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    std::string name = "in" + std::to_string(i);
+    ir::Value* v = g->add_value(name, ir::ValueType::tensor(inputs[i].dtype(), inputs[i].shape()));
+    g->add_input(v);
+    ins.push_back(v);
+    feeds[name] = inputs[i];
+  }
+  std::vector<ir::Value*> outs;
+  for (size_t i = 0; i < n_outputs; ++i) {
+    ir::Value* v = g->add_value("out" + std::to_string(i));
+    g->add_output(v);
+    outs.push_back(v);
+  }
+  ir::Node* n = g->add_node(op, ins, outs, "node");
+  for (const auto& a : attrs) n->set_attr(a);
+  rt::ExecOptions opt;
+  opt.threads = threads;
+  rt::Executor ex(m, opt);
+  return ex.run(feeds);
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.get_double(i)));
+  return m;
+}
+
+// Fast result within ~1e-4 relative of the reference.
+void check_close(const Tensor& got, const Tensor& want, double rel = 1e-4) {
+  REQUIRE(got.dtype() == want.dtype());
+  REQUIRE(shape_str(got.shape()) == shape_str(want.shape()));
+  const double tol = rel * std::max(1.0, max_abs(want));
+  CHECK(test::max_abs_diff(got, want) <= tol);
+}
+
+Shape with_prefix(int64_t a, int64_t b, const std::vector<int64_t>& spatial) {
+  Shape s{a, b};
+  s.insert(s.end(), spatial.begin(), spatial.end());
+  return s;
+}
+
+struct ConvCase {
+  int64_t n, c, m, group;
+  std::vector<int64_t> in, kernel, strides, dilations, pads;
+  bool bias;
+};
+
+std::string describe(const ConvCase& k) {
+  return fmt::format("N={} C={} M={} group={} in={} kernel={} strides={} dilations={} pads={} bias={}", k.n, k.c, k.m,
+                     k.group, shape_str(k.in), shape_str(k.kernel), shape_str(k.strides), shape_str(k.dilations),
+                     shape_str(k.pads), k.bias);
+}
+
+void check_conv_case(const ConvCase& k, uint32_t seed, DType dtype = DType::Float32, int threads = 2) {
+  INFO(describe(k));
+  Tensor x = test::random_tensor(with_prefix(k.n, k.c, k.in), seed);
+  Tensor w = test::random_tensor(with_prefix(k.m, k.c / k.group, k.kernel), seed + 1);
+  Tensor b = test::random_tensor({k.m}, seed + 2);
+  if (dtype != DType::Float32) {
+    x = x.cast_to(dtype);
+    w = w.cast_to(dtype);
+    b = b.cast_to(dtype);
+  }
+  Attrs attrs{ir::Attribute::make_int("group", k.group)};
+  if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
+  if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
+  if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+  std::vector<Tensor> ins{x, w};
+  if (k.bias) ins.push_back(b);
+  Tensor got = run_node("Conv", ins, attrs, 1, 17, threads)[0];
+  WindowGeometry geo;
+  geo.strides = k.strides;
+  geo.dilations = k.dilations;
+  geo.pads = k.pads;
+  geo.group = k.group;
+  Tensor want = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geo);
+  check_close(got, want);
+}
+
+}  // namespace
+
+TEST_CASE("conv_ref matches hand-computed values", "[conv][reference]") {
+  // 1x1x3x3 input 1..9, 2x2 kernel [[1,2],[3,4]], pad 1 on top/left only, bias 10.
+  Tensor x = Tensor::from<float>({1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Tensor w = Tensor::from<float>({1, 1, 2, 2}, {1, 2, 3, 4});
+  Tensor b = Tensor::from<float>({1}, {10});
+  WindowGeometry geo;
+  geo.pads = {1, 1, 0, 0};
+  Tensor y = rt::cpu::conv_ref(x, w, &b, geo);
+  REQUIRE(y.shape() == Shape{1, 1, 3, 3});
+  // y[0,0] = 4*1 = 4; y[0,1] = 3*1 + 4*2 = 11; y[1,1] = 1*1 + 2*2 + 3*4 + 4*5 = 37.
+  CHECK(y.data<float>()[0] == Approx(14));
+  CHECK(y.data<float>()[1] == Approx(21));
+  CHECK(y.data<float>()[4] == Approx(47));
+  CHECK(y.data<float>()[8] == Approx(10 + 5 + 2 * 6 + 3 * 8 + 4 * 9));
+}
+
+TEST_CASE("conv_transpose_ref is the adjoint of conv_ref", "[conv][reference]") {
+  // <conv(x, w), y> == <x, conv_transpose(y, w)> for matching geometry (no output padding needed
+  // when the sizes line up), groups included.
+  struct Case {
+    Shape x, w;
+    WindowGeometry g;
+  };
+  std::vector<Case> cases = {
+      {{2, 3, 7, 5}, {4, 3, 3, 3}, {{}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, false}},
+      {{1, 6, 9, 9}, {4, 3, 3, 2}, {{}, {2, 2}, {1, 2}, {0, 1, 0, 1}, 2, false}},
+      {{1, 2, 11}, {5, 2, 4}, {{}, {3}, {1}, {2, 1}, 1, false}},
+  };
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    Tensor x = test::random_tensor(c.x, seed++).cast_to(DType::Float64);
+    Tensor w = test::random_tensor(c.w, seed++).cast_to(DType::Float64);
+    Tensor y = rt::cpu::conv_ref(x, w, nullptr, c.g);
+    Tensor r = test::random_tensor(y.shape(), seed++).cast_to(DType::Float64);
+    // conv_transpose_ref's W is [C_in_of_transpose = M, C/group, k...]: the same tensor as conv's W.
+    std::vector<int64_t> opad(c.x.size() - 2);
+    for (size_t d = 0; d < opad.size(); ++d) {
+      const int64_t natural = c.g.strides[d] * (y.dim(static_cast<int>(d) + 2) - 1) + (c.w[d + 2] - 1) * c.g.dilations[d] +
+                              1 - c.g.pads[d] - c.g.pads[opad.size() + d];
+      opad[d] = c.x[d + 2] - natural;
+    }
+    Tensor xt = rt::cpu::conv_transpose_ref(r, w, nullptr, c.g, opad);
+    REQUIRE(xt.shape() == x.shape());
+    double lhs = 0, rhs = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) lhs += y.data<double>()[i] * r.data<double>()[i];
+    for (int64_t i = 0; i < x.numel(); ++i) rhs += x.data<double>()[i] * xt.data<double>()[i];
+    CHECK(lhs == Approx(rhs).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("Conv im2col path matches the reference on odd shapes", "[conv]") {
+  uint32_t seed = 1;
+  for (int64_t n : {1, 3})
+    for (int64_t c : {3, 5, 7})
+      for (int64_t k : {1, 3, 5})
+        for (int64_t hw : {1, 5, 13}) {
+          // Enough padding that every kernel fits the 1-pixel inputs.
+          const int64_t p = hw < k ? (k - hw + 1) / 2 : k / 2;
+          check_conv_case({n, c, 4, 1, {hw, 13}, {k, k}, {1, 1}, {1, 1}, {p, p, p, p}, true}, seed++);
+          check_conv_case({n, c, 5, 1, {hw + 2, hw}, {k, 1}, {2, 1}, {1, 1}, {p, 0, p, 0}, n == 1}, seed++);
+        }
+}
+
+TEST_CASE("Conv strided, dilated and asymmetrically padded", "[conv]") {
+  uint32_t seed = 200;
+  check_conv_case({1, 3, 4, 1, {13, 11}, {3, 3}, {2, 2}, {1, 1}, {0, 0, 0, 0}, true}, seed++);
+  check_conv_case({2, 5, 3, 1, {13, 13}, {3, 5}, {3, 2}, {2, 1}, {1, 2, 0, 1}, true}, seed++);
+  check_conv_case({1, 7, 6, 1, {9, 14}, {3, 3}, {1, 1}, {3, 2}, {3, 2, 3, 2}, false}, seed++);
+  check_conv_case({3, 3, 2, 1, {5, 13}, {5, 3}, {1, 3}, {1, 1}, {2, 0, 2, 4}, true}, seed++);
+}
+
+TEST_CASE("Conv im2col over several tiles of output rows", "[conv]") {
+  // Column buffers of about 1 MiB: these shapes need several tiles, the last one partial, and in
+  // 3-D the tiles cross depth boundaries.
+  uint32_t seed = 250;
+  check_conv_case({1, 16, 8, 1, {64, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({2, 16, 5, 1, {130, 67}, {3, 3}, {2, 1}, {1, 1}, {1, 0, 1, 2}, true}, seed++);
+  check_conv_case({1, 8, 4, 1, {6, 40, 40}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {0, 1, 1, 0, 1, 1}, false}, seed++);
+}
+
+TEST_CASE("Conv pointwise 1x1 path", "[conv]") {
+  uint32_t seed = 300;
+  check_conv_case({3, 7, 5, 1, {13, 5}, {1, 1}, {}, {}, {}, true}, seed++);
+  check_conv_case({1, 5, 9, 1, {1, 1}, {1, 1}, {}, {}, {}, false}, seed++);
+  check_conv_case({2, 6, 9, 3, {5, 7}, {1, 1}, {}, {}, {}, true}, seed++);
+  // 1x1 with stride or padding goes through im2col.
+  check_conv_case({1, 7, 5, 1, {13, 13}, {1, 1}, {2, 2}, {}, {1, 0, 1, 0}, true}, seed++);
+  // Large enough that OpenBLAS threads the GEMM.
+  check_conv_case({1, 64, 48, 1, {24, 24}, {1, 1}, {}, {}, {}, true}, seed++);
+}
+
+TEST_CASE("Conv depthwise direct kernel", "[conv][depthwise]") {
+  uint32_t seed = 400;
+  for (int64_t c : {3, 5, 7})
+    for (int64_t mult : {1, 2})
+      for (int64_t k : {3, 5})
+        for (int64_t s : {1, 2})
+          for (int64_t w : {1, 5, 13, 37}) {
+            const int64_t p = k / 2;
+            check_conv_case({1 + (w == 5 ? 2 : 0), c, c * mult, c, {w == 1 ? 1 : 11, w}, {k, k}, {s, s}, {1, 1}, {p, p, p, p},
+                             mult == 1},
+                            seed++);
+          }
+  // Dilated, asymmetric padding, mixed strides, kernel sizes other than 3 and 5.
+  check_conv_case({2, 5, 5, 5, {13, 17}, {3, 3}, {1, 2}, {2, 2}, {2, 1, 2, 3}, true}, seed++);
+  check_conv_case({1, 4, 8, 4, {9, 21}, {7, 7}, {3, 3}, {1, 1}, {3, 3, 3, 3}, true}, seed++);
+  check_conv_case({1, 6, 6, 6, {8, 8}, {2, 4}, {1, 1}, {1, 1}, {0, 0, 0, 0}, false}, seed++);
+  check_conv_case({1, 3, 3, 3, {12, 40}, {1, 3}, {2, 3}, {1, 1}, {0, 1, 1, 2}, true}, seed++);
+  // 1-D depthwise and single-threaded execution.
+  check_conv_case({2, 5, 10, 5, {29}, {3}, {2}, {1}, {1, 1}, true}, seed++);
+  check_conv_case({1, 32, 32, 32, {28, 28}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++, DType::Float32, 1);
+}
+
+TEST_CASE("Conv grouped", "[conv]") {
+  uint32_t seed = 500;
+  check_conv_case({1, 6, 9, 3, {13, 5}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({3, 8, 4, 2, {7, 7}, {5, 3}, {2, 1}, {1, 2}, {2, 2, 2, 2}, true}, seed++);
+  check_conv_case({2, 6, 6, 2, {5}, {3}, {1}, {2}, {2, 1}, false}, seed++);
+  // Big per-group GEMMs: (image, group) tasks run one after the other with BLAS threads.
+  check_conv_case({1, 64, 64, 2, {20, 20}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+}
+
+TEST_CASE("Conv 1-D and 3-D", "[conv]") {
+  uint32_t seed = 600;
+  check_conv_case({3, 5, 4, 1, {13}, {5}, {2}, {1}, {2, 1}, true}, seed++);
+  check_conv_case({1, 3, 7, 1, {1}, {1}, {}, {}, {}, true}, seed++);
+  check_conv_case({2, 3, 4, 1, {5, 7, 6}, {3, 3, 3}, {1, 2, 1}, {1, 1, 2}, {1, 1, 1, 1, 0, 2}, true}, seed++);
+  check_conv_case({1, 4, 4, 4, {5, 5, 5}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, false}, seed++);
+  check_conv_case({1, 5, 3, 1, {3, 4, 5}, {1, 1, 1}, {}, {}, {}, true}, seed++);
+  // Four spatial dimensions fall back to the reference (still correct).
+  check_conv_case({1, 2, 3, 1, {3, 4, 3, 3}, {2, 1, 2, 2}, {1, 1, 2, 1}, {}, {}, true}, seed++);
+}
+
+TEST_CASE("Conv float64 path", "[conv]") {
+  uint32_t seed = 700;
+  check_conv_case({2, 5, 3, 1, {13, 5}, {3, 3}, {2, 1}, {1, 2}, {1, 2, 1, 2}, true}, seed++, DType::Float64);
+  check_conv_case({1, 6, 6, 6, {11, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++, DType::Float64);
+  check_conv_case({3, 7, 5, 1, {5, 5}, {1, 1}, {}, {}, {}, false}, seed++, DType::Float64);
+}
+
+TEST_CASE("Conv auto_pad", "[conv]") {
+  uint32_t seed = 800;
+  struct Case {
+    const char* mode;
+    int64_t in, k, s, d;
+  };
+  for (Case c : {Case{"SAME_UPPER", 13, 3, 2, 1}, Case{"SAME_LOWER", 13, 4, 2, 1}, Case{"SAME_UPPER", 10, 4, 3, 1},
+                 Case{"SAME_LOWER", 10, 3, 1, 2}, Case{"VALID", 13, 3, 2, 1}, Case{"VALID", 7, 5, 1, 1}}) {
+    for (int64_t group : {1, 3}) {
+      INFO(c.mode << " in=" << c.in << " k=" << c.k << " s=" << c.s << " d=" << c.d << " group=" << group);
+      Tensor x = test::random_tensor({1, 3, c.in, c.in - 2}, seed++);
+      Tensor w = test::random_tensor({6, 3 / group, c.k, c.k}, seed++);
+      Attrs attrs{ir::Attribute::make_string("auto_pad", c.mode), ir::Attribute::make_ints("strides", {c.s, c.s}),
+                  ir::Attribute::make_ints("dilations", {c.d, c.d}), ir::Attribute::make_int("group", group),
+                  // pads are ignored when auto_pad is set
+                  ir::Attribute::make_ints("pads", {9, 9, 9, 9})};
+      Tensor got = run_node("Conv", {x, w}, attrs)[0];
+      // Expected pads, computed here independently of the kernel.
+      WindowGeometry geo;
+      geo.strides = {c.s, c.s};
+      geo.dilations = {c.d, c.d};
+      geo.group = group;
+      std::vector<int64_t> begin, end;
+      for (int64_t in : {c.in, c.in - 2}) {
+        int64_t total = 0;
+        if (std::string(c.mode) != "VALID") {
+          const int64_t out = (in + c.s - 1) / c.s;
+          total = std::max<int64_t>(0, (out - 1) * c.s + (c.k - 1) * c.d + 1 - in);
+        }
+        const bool upper = std::string(c.mode) == "SAME_UPPER";
+        begin.push_back(upper ? total / 2 : total - total / 2);
+        end.push_back(total - begin.back());
+      }
+      geo.pads = {begin[0], begin[1], end[0], end[1]};
+      check_close(got, rt::cpu::conv_ref(x, w, nullptr, geo));
+      if (std::string(c.mode) != "VALID") {
+        CHECK(got.dim(2) == (c.in + c.s - 1) / c.s);
+      }
+    }
+  }
+}
+
+TEST_CASE("Conv rejects malformed nodes", "[conv][negative]") {
+  Tensor x = test::random_tensor({1, 4, 5, 5}, 1);
+  Tensor w = test::random_tensor({2, 4, 3, 3}, 2);
+  // Channel mismatch.
+  CHECK_THROWS_AS(run_node("Conv", {x, test::random_tensor({2, 3, 3, 3}, 3)}, {}), Error);
+  // Weight rank differs from X.
+  CHECK_THROWS_AS(run_node("Conv", {x, test::random_tensor({2, 4, 3}, 3)}, {}), Error);
+  // Unknown auto_pad.
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_string("auto_pad", "SAME")}), Error);
+  // group does not divide C / does not match W.
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_int("group", 3)}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_int("group", 2)}), Error);
+  // Bias of the wrong length.
+  CHECK_THROWS_AS(run_node("Conv", {x, w, test::random_tensor({3}, 4)}, {}), Error);
+  // Kernel larger than the (unpadded) input; wrong number of pads / strides; zero stride.
+  CHECK_THROWS_AS(run_node("Conv", {x, test::random_tensor({2, 4, 7, 7}, 5)}, {}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_ints("pads", {1, 1})}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_ints("strides", {1, 0})}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_ints("strides", {1, 1, 1})}), Error);
+  // kernel_shape disagreeing with W; X of rank 2; integer X.
+  CHECK_THROWS_AS(run_node("Conv", {x, w}, {ir::Attribute::make_ints("kernel_shape", {5, 5})}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {test::random_tensor({4, 5}, 6), test::random_tensor({2, 4}, 7)}, {}), Error);
+  CHECK_THROWS_AS(run_node("Conv", {x.cast_to(DType::Int32), w.cast_to(DType::Int32)}, {}), Error);
+  // The error names the node.
+  try {
+    run_node("Conv", {x, test::random_tensor({2, 3, 3, 3}, 3)}, {});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::BadInput);
+    CHECK(std::string(e.what()).find("node") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------- ConvTranspose
+
+namespace {
+
+struct TCase {
+  int64_t n, c, m, group;  // m: output channels
+  std::vector<int64_t> in, kernel, strides, dilations, pads, output_padding;
+  bool bias;
+};
+
+void check_transpose_case(const TCase& k, uint32_t seed, DType dtype = DType::Float32) {
+  INFO(fmt::format("N={} C={} M={} group={} in={} kernel={} strides={} dilations={} pads={} output_padding={}", k.n, k.c,
+                   k.m, k.group, shape_str(k.in), shape_str(k.kernel), shape_str(k.strides), shape_str(k.dilations),
+                   shape_str(k.pads), shape_str(k.output_padding)));
+  Tensor x = test::random_tensor(with_prefix(k.n, k.c, k.in), seed).cast_to(dtype);
+  Tensor w = test::random_tensor(with_prefix(k.c, k.m / k.group, k.kernel), seed + 1).cast_to(dtype);
+  Tensor b = test::random_tensor({k.m}, seed + 2).cast_to(dtype);
+  Attrs attrs{ir::Attribute::make_int("group", k.group)};
+  if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
+  if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
+  if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+  if (!k.output_padding.empty()) attrs.push_back(ir::Attribute::make_ints("output_padding", k.output_padding));
+  std::vector<Tensor> ins{x, w};
+  if (k.bias) ins.push_back(b);
+  Tensor got = run_node("ConvTranspose", ins, attrs)[0];
+  WindowGeometry geo;
+  geo.strides = k.strides;
+  geo.dilations = k.dilations;
+  geo.pads = k.pads;
+  geo.group = k.group;
+  check_close(got, rt::cpu::conv_transpose_ref(x, w, k.bias ? &b : nullptr, geo, k.output_padding));
+}
+
+}  // namespace
+
+TEST_CASE("ConvTranspose matches the reference", "[conv][transpose]") {
+  uint32_t seed = 900;
+  check_transpose_case({1, 3, 5, 1, {5, 5}, {3, 3}, {}, {}, {}, {}, true}, seed++);
+  check_transpose_case({3, 5, 3, 1, {13, 5}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, {1, 1}, true}, seed++);
+  check_transpose_case({1, 7, 4, 1, {5, 13}, {5, 3}, {3, 2}, {2, 1}, {0, 1, 2, 0}, {1, 0}, false}, seed++);
+  check_transpose_case({2, 6, 9, 3, {7, 5}, {3, 3}, {2, 1}, {1, 1}, {1, 0, 1, 0}, {}, true}, seed++);
+  check_transpose_case({1, 4, 4, 4, {9, 9}, {4, 4}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++);
+  check_transpose_case({1, 3, 5, 1, {1, 1}, {5, 5}, {}, {}, {}, {}, true}, seed++);
+  // Pointwise (GEMM straight into Y), 1-D, 3-D, float64.
+  check_transpose_case({3, 7, 5, 1, {5, 13}, {1, 1}, {}, {}, {}, {}, true}, seed++);
+  check_transpose_case({2, 5, 3, 1, {13}, {5}, {3}, {2}, {2, 1}, {2}, true}, seed++);
+  check_transpose_case({1, 3, 2, 1, {3, 4, 5}, {3, 3, 2}, {2, 1, 2}, {1, 2, 1}, {1, 0, 1, 0, 1, 1}, {1, 0, 0}, true}, seed++);
+  check_transpose_case({2, 5, 3, 1, {6, 7}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++, DType::Float64);
+  // Large enough that OpenBLAS threads the GEMM.
+  check_transpose_case({1, 64, 32, 1, {16, 16}, {4, 4}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++);
+}
+
+TEST_CASE("ConvTranspose output_shape and auto_pad", "[conv][transpose]") {
+  Tensor x = test::random_tensor({1, 3, 5, 7}, 1000);
+  Tensor w = test::random_tensor({3, 2, 3, 3}, 1001);
+  // Natural size: 2*(in-1) + 3 = 11 x 15.
+  auto ref_with = [&](std::vector<int64_t> pads, std::vector<int64_t> opad) {
+    WindowGeometry geo;
+    geo.strides = {2, 2};
+    geo.pads = std::move(pads);
+    return rt::cpu::conv_transpose_ref(x, w, nullptr, geo, opad);
+  };
+  SECTION("output_shape smaller than natural: NOTSET puts the odd pad at the beginning") {
+    Tensor got = run_node("ConvTranspose", {x, w},
+                          {ir::Attribute::make_ints("strides", {2, 2}), ir::Attribute::make_ints("output_shape", {10, 12})})[0];
+    REQUIRE(got.shape() == Shape{1, 2, 10, 12});
+    check_close(got, ref_with({1, 2, 0, 1}, {}));
+  }
+  SECTION("output_shape with N and C, larger than natural: the extra rows hold the bias only") {
+    Tensor got = run_node("ConvTranspose", {x, w},
+                          {ir::Attribute::make_ints("strides", {2, 2}),
+                           ir::Attribute::make_ints("output_shape", {1, 2, 12, 15})})[0];
+    REQUIRE(got.shape() == Shape{1, 2, 12, 15});
+    check_close(got, ref_with({0, 0, 0, 0}, {1, 0}));
+  }
+  SECTION("SAME_UPPER: output is in*stride, extra padding at the end") {
+    Tensor got = run_node("ConvTranspose", {x, w},
+                          {ir::Attribute::make_ints("strides", {2, 2}), ir::Attribute::make_string("auto_pad", "SAME_UPPER")})[0];
+    REQUIRE(got.shape() == Shape{1, 2, 10, 14});
+    check_close(got, ref_with({0, 0, 1, 1}, {}));
+  }
+  SECTION("SAME_LOWER: extra padding at the beginning") {
+    Tensor got = run_node("ConvTranspose", {x, w},
+                          {ir::Attribute::make_ints("strides", {2, 2}), ir::Attribute::make_string("auto_pad", "SAME_LOWER")})[0];
+    REQUIRE(got.shape() == Shape{1, 2, 10, 14});
+    check_close(got, ref_with({1, 1, 0, 0}, {}));
+  }
+  SECTION("VALID ignores pads") {
+    Tensor got = run_node("ConvTranspose", {x, w},
+                          {ir::Attribute::make_ints("strides", {2, 2}), ir::Attribute::make_string("auto_pad", "VALID"),
+                           ir::Attribute::make_ints("pads", {1, 1, 1, 1})})[0];
+    check_close(got, ref_with({0, 0, 0, 0}, {}));
+  }
+}
+
+TEST_CASE("ConvTranspose rejects malformed nodes", "[conv][transpose][negative]") {
+  Tensor x = test::random_tensor({1, 4, 5, 5}, 1);
+  Tensor w = test::random_tensor({4, 2, 3, 3}, 2);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, test::random_tensor({3, 2, 3, 3}, 3)}, {}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, test::random_tensor({4, 2, 3}, 3)}, {}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_string("auto_pad", "FULL")}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_int("group", 3)}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, w, test::random_tensor({3}, 4)}, {}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_ints("output_shape", {7})}), Error);
+  CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_ints("pads", {4, 4, 4, 4})}), Error);
+}

@@ -1,0 +1,213 @@
+// Gemm and MatMul against the scalar references (and the references against hand-computed values):
+// transposes, alpha/beta, every C broadcast, legacy opsets, 1-D promotion, batch broadcasting,
+// float32 / float64 / integer types; malformed nodes rejected.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/reference.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+
+namespace {
+
+using Attrs = std::vector<ir::Attribute>;
+
+std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                             int opset = 17, int threads = 2) {
+  ir::Model m;
+  m.set_opset("", opset);
+  ir::Graph* g = m.graph.get();
+  std::vector<ir::Value*> ins;
+  rt::Feeds feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    std::string name = "in" + std::to_string(i);
+    ir::Value* v = g->add_value(name, ir::ValueType::tensor(inputs[i].dtype(), inputs[i].shape()));
+    g->add_input(v);
+    ins.push_back(v);
+    feeds[name] = inputs[i];
+  }
+  ir::Value* out = g->add_value("out");
+  g->add_output(out);
+  ir::Node* n = g->add_node(op, ins, {out}, "node");
+  for (const auto& a : attrs) n->set_attr(a);
+  rt::ExecOptions opt;
+  opt.threads = threads;
+  rt::Executor ex(m, opt);
+  return ex.run(feeds);
+}
+
+void check_close(const Tensor& got, const Tensor& want, double rel = 1e-4) {
+  REQUIRE(got.dtype() == want.dtype());
+  REQUIRE(shape_str(got.shape()) == shape_str(want.shape()));
+  double scale = 1.0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::fabs(want.get_double(i)));
+  CHECK(test::max_abs_diff(got, want) <= rel * scale);
+}
+
+// Seeded small integers in [-9, 9] of the given type.
+Tensor random_ints(const Shape& shape, uint32_t seed, DType dtype) {
+  Tensor f = test::random_tensor(shape, seed, -9.5f, 9.5f);
+  Tensor t(DType::Int64, shape);
+  for (int64_t i = 0; i < f.numel(); ++i) t.data<int64_t>()[i] = static_cast<int64_t>(std::lround(f.data<float>()[i]));
+  if (dtype == DType::UInt32 || dtype == DType::UInt64)
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = std::abs(t.data<int64_t>()[i]);
+  return t.cast_to(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("gemm_ref and matmul_ref match hand-computed values", "[matmul][reference]") {
+  Tensor a = Tensor::from<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor b = Tensor::from<float>({3, 2}, {7, 8, 9, 10, 11, 12});
+  Tensor c = Tensor::from<float>({2}, {100, 200});
+  Tensor y = rt::cpu::gemm_ref(a, b, &c, 2.0, 0.5, false, false);
+  // A*B = [[58, 64], [139, 154]]
+  CHECK(y.data<float>()[0] == Approx(2 * 58 + 50));
+  CHECK(y.data<float>()[1] == Approx(2 * 64 + 100));
+  CHECK(y.data<float>()[2] == Approx(2 * 139 + 50));
+  CHECK(y.data<float>()[3] == Approx(2 * 154 + 100));
+  Tensor yt = rt::cpu::gemm_ref(b, a, nullptr, 1.0, 0.0, true, true);  // B^T A^T = (AB)^T
+  CHECK(yt.data<float>()[1] == Approx(139));
+  Tensor m = rt::cpu::matmul_ref(Tensor::from<float>({3}, {1, 2, 3}), b);
+  REQUIRE(m.shape() == Shape{2});
+  CHECK(m.data<float>()[0] == Approx(58));
+  Tensor mi = rt::cpu::matmul_ref(a.cast_to(DType::Int32), b.cast_to(DType::Int32));
+  CHECK(mi.data<int32_t>()[3] == 154);
+}
+
+TEST_CASE("Gemm matches the reference", "[matmul][gemm]") {
+  uint32_t seed = 1;
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+    Shape c;  // empty: no C
+  };
+  std::vector<Case> cases = {
+      {3, 5, 7, false, false, 1.0f, 1.0f, {3, 5}},  {5, 3, 7, true, false, 0.5f, 2.0f, {3}},
+      {7, 5, 3, false, true, -1.5f, 1.0f, {7, 1}},   {13, 1, 5, true, true, 1.0f, 0.25f, {1}},
+      {1, 13, 5, false, false, 2.0f, 1.0f, {}},      {5, 7, 3, false, false, 1.0f, -1.0f, {1, 7}},
+      {3, 3, 3, true, false, 1.0f, 0.0f, {3, 3}},    {1, 1, 1, false, false, 1.0f, 1.0f, {}},
+      {70, 90, 110, false, true, 1.0f, 1.0f, {90}},  {65, 80, 129, true, true, 0.75f, 1.5f, {65, 80}},
+  };
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Case& c : cases) {
+      INFO("M=" << c.m << " N=" << c.n << " K=" << c.k << " transA=" << c.ta << " transB=" << c.tb << " alpha=" << c.alpha
+                << " beta=" << c.beta << " C=" << shape_str(c.c) << " " << dtype_name(dtype));
+      Tensor a = test::random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, seed++).cast_to(dtype);
+      Tensor b = test::random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, seed++).cast_to(dtype);
+      Tensor cc = c.c.empty() ? Tensor() : test::random_tensor(c.c, seed++).cast_to(dtype);
+      Attrs attrs{ir::Attribute::make_int("transA", c.ta), ir::Attribute::make_int("transB", c.tb),
+                  ir::Attribute::make_float("alpha", c.alpha), ir::Attribute::make_float("beta", c.beta)};
+      std::vector<Tensor> ins{a, b};
+      if (cc.defined()) ins.push_back(cc);
+      Tensor got = run_node("Gemm", ins, attrs)[0];
+      check_close(got, rt::cpu::gemm_ref(a, b, cc.defined() ? &cc : nullptr, c.alpha, c.beta, c.ta, c.tb));
+    }
+  }
+}
+
+TEST_CASE("Gemm scalar C, legacy opsets and integer types", "[matmul][gemm]") {
+  Tensor a = test::random_tensor({4, 3}, 50);
+  Tensor b = test::random_tensor({3, 5}, 51);
+  Tensor c = Tensor::scalar<float>(0.5f);
+  check_close(run_node("Gemm", {a, b, c}, {})[0], rt::cpu::gemm_ref(a, b, &c, 1, 1, false, false));
+  // Opset 6 with the legacy broadcast attribute, and opset 1.
+  Tensor cv = test::random_tensor({5}, 52);
+  check_close(run_node("Gemm", {a, b, cv}, {ir::Attribute::make_int("broadcast", 1)}, 6)[0],
+              rt::cpu::gemm_ref(a, b, &cv, 1, 1, false, false));
+  Tensor cf = test::random_tensor({4, 5}, 53);
+  check_close(run_node("Gemm", {a, b, cf}, {ir::Attribute::make_float("beta", 2.0f)}, 1)[0],
+              rt::cpu::gemm_ref(a, b, &cf, 1, 2, false, false));
+  for (DType dtype : {DType::Int32, DType::Int64, DType::UInt32, DType::UInt64}) {
+    INFO(dtype_name(dtype));
+    Tensor ai = random_ints({5, 7}, 60, dtype), bi = random_ints({5, 3}, 61, dtype), ci = random_ints({3}, 62, dtype);
+    Tensor got = run_node("Gemm", {ai, bi, ci}, {ir::Attribute::make_int("transA", 1), ir::Attribute::make_float("alpha", 2.0f)})[0];
+    Tensor want = rt::cpu::gemm_ref(ai, bi, &ci, 2, 1, true, false);
+    REQUIRE(got.dtype() == dtype);
+    REQUIRE(got.shape() == want.shape());
+    for (int64_t i = 0; i < got.numel(); ++i) CHECK(got.get_int64(i) == want.get_int64(i));
+  }
+}
+
+TEST_CASE("Gemm rejects malformed nodes", "[matmul][gemm][negative]") {
+  Tensor a = test::random_tensor({4, 3}, 1);
+  Tensor b = test::random_tensor({3, 5}, 2);
+  CHECK_THROWS_AS(run_node("Gemm", {a, test::random_tensor({4, 5}, 3)}, {}), Error);  // K mismatch
+  CHECK_THROWS_AS(run_node("Gemm", {a, b, test::random_tensor({3, 5}, 4)}, {}), Error);  // C not broadcastable
+  CHECK_THROWS_AS(run_node("Gemm", {a, b, test::random_tensor({2, 4, 5}, 4)}, {}), Error);  // C rank 3
+  CHECK_THROWS_AS(run_node("Gemm", {test::random_tensor({2, 4, 3}, 5), b}, {}), Error);  // A rank 3
+  CHECK_THROWS_AS(run_node("Gemm", {a, b.cast_to(DType::Float64)}, {}), Error);  // mixed types
+  CHECK_THROWS_AS(run_node("Gemm", {a.cast_to(DType::Bool), b.cast_to(DType::Bool)}, {}), Error);
+}
+
+TEST_CASE("MatMul matches the reference", "[matmul]") {
+  uint32_t seed = 100;
+  struct Case {
+    Shape a, b;
+  };
+  std::vector<Case> cases = {
+      {{3, 5}, {5, 7}},                 // plain 2-D
+      {{5}, {5, 7}},                    // 1-D left
+      {{3, 5}, {5}},                    // 1-D right
+      {{5}, {5}},                       // dot product
+      {{2, 3, 5}, {5, 7}},              // batched A, shared B: folded into one GEMM
+      {{3, 5}, {4, 5, 7}},              // batched B, shared A
+      {{2, 1, 3, 5}, {1, 3, 5, 7}},     // broadcast both ways
+      {{3, 1, 5}, {3, 5, 1}},           // N=1, M=1 per batch
+      {{7}, {2, 3, 7, 5}},              // 1-D left against batched B
+      {{2, 3, 7, 5}, {5}},              // batched A against 1-D right
+      {{1, 13, 1, 9}, {5, 1, 9, 3}},    // size-1 batch dims on both sides
+      {{4, 64, 96}, {4, 96, 80}},       // large enough to use BLAS threads per batch
+      {{3, 0, 5}, {5, 4}},              // empty M
+      {{3, 4, 0}, {0, 2}},              // empty K: zeros
+  };
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Case& c : cases) {
+      INFO("A " << shape_str(c.a) << " B " << shape_str(c.b) << " " << dtype_name(dtype));
+      Tensor a = test::random_tensor(c.a, seed++).cast_to(dtype);
+      Tensor b = test::random_tensor(c.b, seed++).cast_to(dtype);
+      check_close(run_node("MatMul", {a, b}, {})[0], rt::cpu::matmul_ref(a, b));
+    }
+  }
+  for (DType dtype : {DType::Int32, DType::Int64, DType::UInt32, DType::UInt64}) {
+    for (const Case& c : {Case{{2, 3, 5}, {5, 7}}, Case{{7}, {2, 3, 7, 5}}, Case{{3, 1, 5}, {2, 1, 5, 4}}}) {
+      INFO("A " << shape_str(c.a) << " B " << shape_str(c.b) << " " << dtype_name(dtype));
+      Tensor a = random_ints(c.a, seed++, dtype), b = random_ints(c.b, seed++, dtype);
+      Tensor got = run_node("MatMul", {a, b}, {})[0];
+      Tensor want = rt::cpu::matmul_ref(a, b);
+      REQUIRE(got.shape() == want.shape());
+      REQUIRE(got.dtype() == dtype);
+      for (int64_t i = 0; i < got.numel(); ++i) CHECK(got.get_int64(i) == want.get_int64(i));
+    }
+  }
+}
+
+TEST_CASE("MatMul single-threaded and the executor's float16 path", "[matmul]") {
+  Tensor a = test::random_tensor({6, 9, 11}, 300);
+  Tensor b = test::random_tensor({6, 11, 4}, 301);
+  check_close(run_node("MatMul", {a, b}, {}, 17, 1)[0], rt::cpu::matmul_ref(a, b));
+  Tensor ah = a.cast_to(DType::Float16), bh = b.cast_to(DType::Float16);
+  Tensor got = run_node("MatMul", {ah, bh}, {})[0];
+  REQUIRE(got.dtype() == DType::Float16);
+  Tensor want = rt::cpu::matmul_ref(ah.cast_to(DType::Float32), bh.cast_to(DType::Float32));
+  check_close(got.cast_to(DType::Float32), want, 2e-3);
+}
+
+TEST_CASE("MatMul rejects malformed nodes", "[matmul][negative]") {
+  CHECK_THROWS_AS(run_node("MatMul", {test::random_tensor({3, 4}, 1), test::random_tensor({5, 2}, 2)}, {}), Error);
+  CHECK_THROWS_AS(run_node("MatMul", {test::random_tensor({2, 3, 4}, 1), test::random_tensor({3, 4, 2}, 2)}, {}), Error);
+  CHECK_THROWS_AS(run_node("MatMul", {test::random_tensor({4}, 1), test::random_tensor({5}, 2)}, {}), Error);
+  CHECK_THROWS_AS(run_node("MatMul", {Tensor::scalar<float>(1.0f), test::random_tensor({1, 2}, 2)}, {}), Error);
+  CHECK_THROWS_AS(run_node("MatMul", {test::random_tensor({3, 4}, 1), test::random_tensor({4, 2}, 2).cast_to(DType::Float64)}, {}),
+                  Error);
+}
