@@ -1,12 +1,16 @@
 #pragma once
-// Host-callable entry points of the CUDA code in kernels/. Plain C++: no CUDA headers, so the
-// rest of mpq compiles with g++ alone. Only declared when MPQ_HAVE_CUDA is defined.
+// The interface between mpq and its CUDA plugin (libmpq_cuda.so, built from kernels/*.cu).
+// Plain C++: no CUDA headers, so the rest of mpq compiles with g++ alone and never links CUDA
+// libraries; the runtime dlopens the plugin (runtime/cuda_loader.h) and calls through this table.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mpq::cuda {
+
+// Bumped whenever CudaApi changes; the loader refuses a plugin built for another version.
+inline constexpr int kCudaApiVersion = 1;
 
 struct DeviceInfo {
   int index = 0;
@@ -25,12 +29,16 @@ struct ProbeResult {
   size_t cublaslt_version = 0;
 };
 
-// Queries the driver and devices; never throws, never aborts when there is no GPU.
-ProbeResult probe();
-
-// Smoke test of the whole path (allocation, a kernel launch, cuBLASLt handle): computes
-// y = a*x + y on the device for the given host vectors. Returns an empty string on success, else
-// the CUDA error text.
-std::string saxpy_selftest(float a, const std::vector<float>& x, std::vector<float>& y);
+struct CudaApi {
+  int version = kCudaApiVersion;
+  // Queries the driver and devices; never throws, never aborts when there is no GPU.
+  ProbeResult (*probe)() = nullptr;
+  // Smoke test of the whole path (allocation, a kernel launch, a cuBLASLt handle): y = a*x + y on
+  // the device. Returns an empty string on success, else the CUDA error text.
+  std::string (*saxpy_selftest)(float a, const std::vector<float>& x, std::vector<float>& y) = nullptr;
+};
 
 }  // namespace mpq::cuda
+
+// Exported by the plugin.
+extern "C" const mpq::cuda::CudaApi* mpq_cuda_api();

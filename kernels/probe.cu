@@ -19,6 +19,7 @@ std::string err(cudaError_t e, const char* what) {
 
 }  // namespace
 
+namespace {
 ProbeResult probe() {
   ProbeResult r;
   cudaRuntimeGetVersion(&r.runtime_version);
@@ -85,5 +86,16 @@ std::string saxpy_selftest(float a, const std::vector<float>& x, std::vector<flo
   cudaFree(dy);
   return result;
 }
+}  // namespace
 
 }  // namespace mpq::cuda
+
+extern "C" __attribute__((visibility("default"))) const mpq::cuda::CudaApi* mpq_cuda_api() {
+  static const mpq::cuda::CudaApi api = [] {
+    mpq::cuda::CudaApi a;
+    a.probe = &mpq::cuda::probe;
+    a.saxpy_selftest = &mpq::cuda::saxpy_selftest;
+    return a;
+  }();
+  return &api;
+}

@@ -1,9 +1,7 @@
 #include "runtime/devices.h"
 
 #include "core/error.h"
-#ifdef MPQ_HAVE_CUDA
-#include "kernels/cuda_api.h"
-#endif
+#include "runtime/cuda_loader.h"
 
 namespace mpq::rt {
 
@@ -11,7 +9,14 @@ DeviceReport query_devices() {
   DeviceReport r;
 #ifdef MPQ_HAVE_CUDA
   r.cuda_built = true;
-  cuda::ProbeResult p = cuda::probe();
+#endif
+  std::string why;
+  const cuda::CudaApi* api = cuda_plugin(&why);
+  if (!api) {
+    r.cuda_unavailable_reason = why;
+    return r;
+  }
+  cuda::ProbeResult p = api->probe();
   r.cuda_runtime_version = p.runtime_version;
   r.cuda_driver_version = p.driver_version;
   r.cublaslt_version = p.cublaslt_version;
@@ -19,9 +24,6 @@ DeviceReport query_devices() {
     r.gpus.push_back(GpuInfo{d.index, d.name, d.major, d.minor, d.total_memory, d.multiprocessors});
   r.cuda_unavailable_reason = p.error;
   if (r.gpus.empty() && r.cuda_unavailable_reason.empty()) r.cuda_unavailable_reason = "no CUDA device";
-#else
-  r.cuda_unavailable_reason = "this build of mpq has no CUDA support (configured with MPQ_CUDA=OFF)";
-#endif
   return r;
 }
 
