@@ -95,7 +95,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
   sub.add_option("--bins", o->bins, "histogram bins over |x| (default 2048, TensorRT's)");
   sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, default) or uint8 (asymmetric)")
       ->check(CLI::IsMember({"int8", "uint8"}));
-  sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations for CPUs without VNNI");
+  sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations (PyTorch fbgemm's reduce_range)");
   sub.add_option("--trt-cache", o->trt_cache, "also write a TensorRT calibration cache");
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -91,7 +91,6 @@ int quantize_command(const QuantizeOpts& o) {
     co.max_samples = o.max_samples;
     co.batch_size = o.batch_size;
     co.activation_type = o.activation_type;
-    co.reduce_range = o.reduce_range;
     co.backend = backend;
     co.threads = o.threads;
     data::DataOptions dopts;
@@ -128,7 +127,8 @@ int quantize_command(const QuantizeOpts& o) {
   model.set_metadata("mpq.quantization.format", o.format);
   model.set_metadata("mpq.quantization.calibration_method", method);
   model.set_metadata("mpq.quantization.calibration_samples", std::to_string(samples));
-  model.set_metadata("mpq.quantization.weights", rep.per_channel ? "int8 symmetric per-channel" : "int8 symmetric per-tensor");
+  model.set_metadata("mpq.quantization.weights", fmt::format("int8 symmetric {} in [-{}, {}]", rep.per_channel ? "per-channel" : "per-tensor",
+                                                             o.reduce_range ? 63 : 127, o.reduce_range ? 63 : 127));
   model.set_metadata("mpq.quantization.activations", o.activation_type == "int8" ? "int8 symmetric per-tensor"
                                                                                  : (o.symmetric ? "uint8 symmetric per-tensor" : "uint8 asymmetric per-tensor"));
   model.set_metadata("mpq.quantization.bias", o.float_bias ? "float" : "int32");
@@ -199,7 +199,9 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, TensorRT; default) or uint8 (asymmetric)")
       ->check(CLI::IsMember({"int8", "uint8"}));
   sub.add_flag("--symmetric", o->symmetric, "symmetric uint8 activations (zero point 128)");
-  sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations for CPUs without VNNI");
+  sub.add_flag("--reduce-range", o->reduce_range,
+               "7-bit weights [-63, 63] (ONNX Runtime's reduce_range): use for ONNX Runtime on x86 CPUs without "
+               "VNNI, whose uint8 x int8 kernels saturate on full-range weights");
   sub.add_flag("--float-bias", o->float_bias, "keep biases in float instead of int32");
   sub.add_flag("--no-fuse", o->no_fuse, "do not fold BatchNormalization into Conv/Gemm first");
   sub.add_flag("--quantize-attention", o->quantize_attention, "also quantize MatMuls whose inputs are both activations");

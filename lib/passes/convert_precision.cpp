@@ -139,7 +139,10 @@ class GraphConverter {
   void run() {
     g_.topological_sort();
     types_ = infer_elem_types(model_, g_, outer_);
-    for (const auto& n : g_.nodes()) nodes_.push_back(NodeState{n.get()});
+    for (const auto& n : g_.nodes()) {
+      nodes_.emplace_back();
+      nodes_.back().node = n.get();
+    }
     for (size_t i = 0; i < nodes_.size(); ++i) index_[nodes_[i].node] = i;
     unify_types();
     if (low_ == DType::Float16) eval_constants();

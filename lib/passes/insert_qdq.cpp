@@ -59,7 +59,7 @@ std::string base_name(const Value* v) { return v->name(); }
 
 }  // namespace
 
-QuantizedWeight quantize_weight(const Tensor& w, int axis) {
+QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax) {
   if (w.dtype() != DType::Float32) fail_internal("quantize_weight: {} weights", dtype_name(w.dtype()));
   QuantizedWeight out;
   const int64_t channels = axis < 0 ? 1 : w.dim(axis);
@@ -79,14 +79,14 @@ QuantizedWeight quantize_weight(const Tensor& w, int axis) {
       for (int64_t i = 0; i < inner; ++i) m = std::max(m, std::fabs(p[i]));
       amax[static_cast<size_t>(c)] = m;
     }
-  out.scale_list = calib::weight_scales_per_channel(amax);
+  for (float a : amax) out.scale_list.push_back(calib::safe_scale(a, qmax));
   out.values = Tensor(DType::Int8, w.shape());
   int8_t* q = out.values.data<int8_t>();
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t c = 0; c < channels; ++c) {
       const float s = out.scale_list[static_cast<size_t>(c)];
       const int64_t base = (o * channels + c) * inner;
-      for (int64_t i = 0; i < inner; ++i) q[base + i] = static_cast<int8_t>(calib::quantize_ref(src[base + i], s, 0, -127, 127));
+      for (int64_t i = 0; i < inner; ++i) q[base + i] = static_cast<int8_t>(calib::quantize_ref(src[base + i], s, 0, -qmax, qmax));
     }
   out.scales = axis < 0 ? Tensor::scalar<float>(out.scale_list[0]) : Tensor::from<float>({channels}, out.scale_list);
   return out;
@@ -256,12 +256,9 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
 
   // ---- 3. quantization parameters per tensor (shared within a group)
   auto table_q = [&](const calib::TensorCalib& c) {
-    if (o.activation_type == "int8") return calib::symmetric_int8(c.amax, o.reduce_range);
-    if (o.symmetric) {
-      calib::QParams q = calib::asymmetric_uint8(-c.amax, c.amax, o.reduce_range);
-      return q;
-    }
-    return calib::asymmetric_uint8(c.min, c.max, o.reduce_range);
+    if (o.activation_type == "int8") return calib::symmetric_int8(c.amax);
+    if (o.symmetric) return calib::asymmetric_uint8(-c.amax, c.amax);
+    return calib::asymmetric_uint8(c.min, c.max);
   };
   std::unordered_map<Value*, calib::TensorCalib> group_range;
   std::vector<Value*> graph_outputs_to_quantize;
@@ -325,7 +322,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     auto key = std::make_pair(w, axis);
     auto it = weight_cache.find(key);
     if (it == weight_cache.end()) {
-      QuantizedWeight qw = quantize_weight(*constant_value(w), axis);
+      QuantizedWeight qw = quantize_weight(*constant_value(w), axis, o.reduce_range ? 63 : 127);
       Value* wq = g.add_initializer(g.unique_name(w->name() + "_quantized"), qw.values);
       Value* ws = g.add_initializer(g.unique_name(w->name() + "_scale"), qw.scales);
       Tensor zeros = Tensor::zeros(DType::Int8, qw.scales.shape());

@@ -26,6 +26,8 @@ struct QdqOptions {
   bool per_channel = true;
   std::string activation_type = "int8";  // int8: symmetric, zero point 0; uint8: asymmetric
   bool symmetric = false;                // uint8 only: symmetric around 128
+  // 7-bit weights ([-63, 63]), ONNX Runtime's reduce_range: x86 CPUs without VNNI multiply
+  // uint8 x int8 with 16-bit pairwise sums that saturate on full-range weights.
   bool reduce_range = false;
   bool quantize_bias = true;             // int32 bias (false: bias stays float)
   bool quantize_outputs = true;          // graph outputs produced by Conv/Gemm/MatMul
@@ -55,6 +57,7 @@ struct QuantizedWeight {
   Tensor scales;  // float32 [C] or scalar
   std::vector<float> scale_list;
 };
-QuantizedWeight quantize_weight(const Tensor& w, int axis);
+// `qmax` is 127, or 63 for reduce_range.
+QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax = 127);
 
 }  // namespace mpq::passes

@@ -156,7 +156,10 @@ Comparison compare_models(const ir::Model& reference, const ir::Model& candidate
   std::unordered_map<std::string, DType> cand_inputs;
   for (const ir::Value* v : candidate.graph->inputs())
     if (v->type.is_tensor()) cand_inputs[v->name()] = v->type.elem;
-  for (const std::string& name : ref.output_names()) out.outputs.push_back(OutputComparison{name});
+  for (const std::string& name : ref.output_names()) {
+    out.outputs.emplace_back();
+    out.outputs.back().name = name;
+  }
   const int64_t total = static_cast<int64_t>(feeds.size());
   for (size_t i = 0; i < feeds.size(); ++i) {
     data::Feed feed = feeds.get(i);

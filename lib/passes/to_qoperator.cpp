@@ -44,8 +44,8 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
         continue;
       bias_q = db->input(0);
     }
-    calib::QParams yq = o.activation_type == "int8" ? calib::symmetric_int8(yc->amax, o.reduce_range)
-                                                    : calib::asymmetric_uint8(yc->min, yc->max, o.reduce_range);
+    calib::QParams yq = o.activation_type == "int8" ? calib::symmetric_int8(yc->amax)
+                                                    : calib::asymmetric_uint8(yc->min, yc->max);
     const std::string base = y->name();
     Value* ys = g.add_initializer(g.unique_name(base + "_scale"), Tensor::scalar<float>(yq.scale));
     Tensor zp = yq.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(yq.zero_point))
