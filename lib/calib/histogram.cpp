@@ -37,6 +37,7 @@ void Histogram::add(const float* data, int64_t n, float max_abs) {
   total_ += static_cast<uint64_t>(n);
   if (max_abs == 0.0f && range_ == 0.0) {
     zeros_before_range_ += static_cast<uint64_t>(n);
+    exact_zeros_ += static_cast<uint64_t>(n);
     return;
   }
   // Strict: a value equal to R would fall past the last bin.
@@ -46,7 +47,9 @@ void Histogram::add(const float* data, int64_t n, float max_abs) {
   // the centre: this matches add_ref() bit for bit.
   const float scale = static_cast<float>(bins_ / range_);
   uint64_t* c = counts_.data();
+  uint64_t zeros = 0;
   for (int64_t i = 0; i < n; ++i) {
+    zeros += data[i] == 0.0f;
     float y = data[i] * scale;
     int fl = static_cast<int>(y);
     fl -= (static_cast<float>(fl) > y) ? 1 : 0;
@@ -54,12 +57,14 @@ void Histogram::add(const float* data, int64_t n, float max_abs) {
     idx = idx < 0 ? 0 : (idx >= nbins ? nbins - 1 : idx);
     ++c[idx];
   }
+  exact_zeros_ += zeros;
 }
 
 void Histogram::add_ref(const float* data, int64_t n) {
   float max_abs = 0;
   for (int64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(data[i]));
   total_ += static_cast<uint64_t>(n);
+  for (int64_t i = 0; i < n; ++i) exact_zeros_ += data[i] == 0.0f;
   if (max_abs == 0.0f && range_ == 0.0) {
     zeros_before_range_ += static_cast<uint64_t>(n);
     return;
@@ -72,11 +77,12 @@ void Histogram::add_ref(const float* data, int64_t n) {
   }
 }
 
-std::vector<uint64_t> Histogram::abs_counts() const {
+std::vector<uint64_t> Histogram::abs_counts(bool skip_zeros) const {
   std::vector<uint64_t> out(static_cast<size_t>(bins_), 0);
   for (int j = 0; j < bins_; ++j)
     out[static_cast<size_t>(j)] = counts_[static_cast<size_t>(bins_ + j)] + counts_[static_cast<size_t>(bins_ - 1 - j)];
   if (range_ == 0.0) out[0] += zeros_before_range_;
+  if (skip_zeros) out[0] -= exact_zeros_;
   return out;
 }
 

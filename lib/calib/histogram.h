@@ -26,8 +26,11 @@ class Histogram {
   uint64_t total() const { return total_; }
   // Signed counts: 2*bins entries covering [-R, R).
   const std::vector<uint64_t>& signed_counts() const { return counts_; }
-  // Counts of |x| over [0, R): abs[j] = signed[bins + j] + signed[bins - 1 - j].
-  std::vector<uint64_t> abs_counts() const;
+  // Counts of |x| over [0, R): abs[j] = signed[bins + j] + signed[bins - 1 - j]. With skip_zeros
+  // the exact zeros (e.g. half of every ReLU output) are left out of bin 0: they are represented
+  // exactly at any scale, and their spike would otherwise dominate entropy and MSE searches.
+  std::vector<uint64_t> abs_counts(bool skip_zeros = false) const;
+  uint64_t exact_zeros() const { return exact_zeros_; }
   // Lower edge of signed bin i.
   double signed_edge(int i) const { return -range_ + i * bin_width(); }
 
@@ -37,6 +40,7 @@ class Histogram {
   double range_ = 0.0;
   uint64_t zeros_before_range_ = 0;  // values seen while range_ == 0 (all exactly 0)
   uint64_t total_ = 0;
+  uint64_t exact_zeros_ = 0;
   std::vector<uint64_t> counts_;
 };
 

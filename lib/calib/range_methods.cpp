@@ -53,10 +53,10 @@ double quantile_from_counts(const std::vector<uint64_t>& counts, double lo_edge,
 
 }  // namespace
 
-double percentile_abs(const Histogram& h, double percentile) {
+double percentile_abs(const Histogram& h, double percentile, bool skip_zeros) {
   if (h.total() == 0 || h.range() == 0.0) return 0.0;
-  std::vector<uint64_t> abs = h.abs_counts();
-  double target = static_cast<double>(h.total()) * percentile / 100.0;
+  std::vector<uint64_t> abs = h.abs_counts(skip_zeros);
+  double target = static_cast<double>(h.total() - (skip_zeros ? h.exact_zeros() : 0)) * percentile / 100.0;
   return quantile_from_counts(abs, 0.0, h.bin_width(), target);
 }
 
@@ -72,8 +72,8 @@ void percentile_signed(const Histogram& h, double percentile, double* lo, double
 }
 
 double entropy_threshold(const Histogram& h, int start_bin, int levels) {
-  if (h.total() == 0 || h.range() == 0.0) return 0.0;
-  std::vector<uint64_t> abs = h.abs_counts();
+  if (h.total() == h.exact_zeros() || h.range() == 0.0) return 0.0;
+  std::vector<uint64_t> abs = h.abs_counts(/*skip_zeros=*/true);
   const int n = static_cast<int>(abs.size());
   // Every cut up to the full range is a candidate (as in TensorRT): past the last non-empty bin P
   // only gains empty bins, but Q's grouping into levels still changes.
@@ -162,8 +162,8 @@ double entropy_threshold_ref(const std::vector<double>& abs_counts, double bin_w
 }
 
 double mse_threshold(const Histogram& h, int levels) {
-  if (h.total() == 0 || h.range() == 0.0) return 0.0;
-  std::vector<uint64_t> abs = h.abs_counts();
+  if (h.total() == h.exact_zeros() || h.range() == 0.0) return 0.0;
+  std::vector<uint64_t> abs = h.abs_counts(/*skip_zeros=*/true);
   const int n = static_cast<int>(abs.size());
   const double w = h.bin_width();
   int last = n;
@@ -249,10 +249,12 @@ Range compute_range(RangeMethod method, const TensorStats& stats, const RangeOpt
       }
       break;
     case RangeMethod::Entropy:
-      r.amax = std::min(r.amax, entropy_threshold(h, o.entropy_start_bin, o.quantized_levels));
+      r.amax = std::min(r.amax, std::max(entropy_threshold(h, o.entropy_start_bin, o.quantized_levels),
+                                         percentile_abs(h, o.search_floor_percentile, true)));
       break;
     case RangeMethod::Mse:
-      r.amax = std::min(r.amax, mse_threshold(h, o.quantized_levels));
+      r.amax = std::min(r.amax, std::max(mse_threshold(h, o.quantized_levels),
+                                         percentile_abs(h, o.search_floor_percentile, true)));
       break;
     default:
       break;

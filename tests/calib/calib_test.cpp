@@ -113,13 +113,38 @@ TEST_CASE("entropy threshold equals its reference and lies between p99 and max",
     std::vector<float> v = seed == 6 ? gaussian(300000, seed) : laplace(300000, seed);
     TensorStats s = stats_of(v);
     double fast = entropy_threshold(s.histogram, 128, 128);
-    std::vector<uint64_t> abs = s.histogram.abs_counts();
+    std::vector<uint64_t> abs = s.histogram.abs_counts(true);
     double ref = entropy_threshold_ref(std::vector<double>(abs.begin(), abs.end()), s.histogram.bin_width(), 128, 128);
     CHECK(fast == Approx(ref).epsilon(1e-12));
     // The raw cut may lie past the data (empty top bins); the range used is clipped to the max.
     double chosen = compute_range(RangeMethod::Entropy, s, RangeOptions{}).amax;
     CHECK(chosen >= percentile_ref(v, 99.0, true));
     CHECK(chosen <= s.amax());
+  }
+}
+
+TEST_CASE("entropy and mse keep their footing on ReLU zeros and spiky inputs", "[calib][entropy]") {
+  // ReLU output: 60% exact zeros, the rest half-normal.
+  std::vector<float> relu = gaussian(200000, 12);
+  for (size_t i = 0; i < relu.size(); ++i) relu[i] = (i % 5 < 3) ? 0.0f : std::fabs(relu[i]);
+  // An image input: half the pixels are one background value, the rest spread up to 2.
+  std::vector<float> image(200000);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> bright(-0.8f, 2.0f);
+  for (size_t i = 0; i < image.size(); ++i) image[i] = (i % 2) ? -0.81f : bright(rng);
+  for (const auto* data : {&relu, &image}) {
+    TensorStats s = stats_of(*data);
+    CHECK(s.histogram.exact_zeros() == (data == &relu ? 120000u : 0u));
+    std::vector<float> nonzero;
+    for (float v : *data)
+      if (v != 0.0f) nonzero.push_back(v);
+    const double p99 = percentile_ref(nonzero, 99.0, true);
+    for (RangeMethod m : {RangeMethod::Entropy, RangeMethod::Mse}) {
+      double t = compute_range(m, s, RangeOptions{}).amax;
+      INFO(range_method_info(m).name << " threshold " << t << ", p99 " << p99);
+      CHECK(t >= p99 - 2 * s.histogram.bin_width());
+      CHECK(t <= s.amax());
+    }
   }
 }
 
