@@ -8,7 +8,10 @@ EXPORT_DIR holds files named <suite>__<case>.onnx, written by convert_precision_
     and the converted model runs on its test_data_set_*/input_<k>.pb, compared with output_<k>.pb;
   - models__<stem>: a model of --models-dir (default: tests/models beside this script), compared with
     ONNX Runtime's run of the original on <stem>_data/<feed>/<input>.npy.
-A converted model must load wherever its original loads, and its outputs must match:
+A converted model must pass onnx.checker.check_model(full_check=True) (types of every node against
+the operator schemas, with strict shape inference) wherever its original does, and load in ONNX Runtime wherever its original
+loads, and its outputs must match (the expected
+outputs, or ONNX Runtime's FP32 result where that already differs from them):
   float outputs of 16+ values: cosine >= 0.9999 (inf/NaN only where expected);
   smaller float outputs: max |error| <= 1e-2 * max(1, max |expected|);
   integer, bool and string outputs: exact.
@@ -116,27 +119,74 @@ def feeds_of_model(data_dir, sess):
     return out
 
 
+def same_outputs(a, b):
+    for x, y in zip(a, b):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape:
+            return False
+        if x.dtype.kind in "fc":
+            if not np.array_equal(x, y, equal_nan=True):
+                return False
+        elif not np.array_equal(x, y):
+            return False
+    return True
+
+
 def check_one(path, original, case_dir, data_dir):
-    """(status, detail): status is ok / skip / load / mismatch / error."""
+    """(status, detail): status is ok / skip / load / mismatch / error.
+
+    The reference is the case's expected output; where ONNX Runtime's run of the FP32 original does
+    not meet it either (an ORT deviation, not a conversion problem), ORT's FP32 result is the
+    reference instead. Originals that fail to run or give different results on two runs (random
+    ops) are skipped."""
     err, ref = load_error(original)
     if err:
         return "skip", f"original does not load in ORT: {err}"
+    if full_check_error(original) is None:
+        # Strict ONNX check (types of every node, strict shape inference) where the original passes it.
+        err = full_check_error(path)
+        if err:
+            return "load", f"onnx.checker (full): {err}"
     err, sess = load_error(path)
     if err:
         return "load", err
     feeds = feeds_of_case(case_dir, ref) if case_dir else feeds_of_model(data_dir, ref)
-    try:
-        for set_name, feed, expected in feeds:
-            if expected is None:
-                expected = ref.run(None, feed)
+    checked = 0
+    for set_name, feed, expected in feeds:
+        try:
+            ref_outs = ref.run(None, feed)
+            if not same_outputs(ref_outs, ref.run(None, feed)):
+                return "skip", "the original is not deterministic (random op)"
+        except Exception as e:
+            return "skip", f"original fails to run in ORT: {first_line_of(e)}"
+        if expected is None:
+            expected = ref_outs
+        try:
             got = sess.run(None, feed)
-            for k, (g, w) in enumerate(zip(got, expected)):
-                d = compare(g, w, sess.get_outputs()[k].name)
-                if d:
-                    return "mismatch", f"{set_name}: {d}"
+        except Exception as e:
+            return "error", f"ORT failed to run: {first_line_of(e)}"
+        for k, g in enumerate(got):
+            want = expected[k] if k < len(expected) else ref_outs[k]
+            if compare(ref_outs[k], want, ""):
+                want = ref_outs[k]
+            d = compare(g, want, sess.get_outputs()[k].name)
+            if d:
+                return "mismatch", f"{set_name}: {d}"
+        checked += 1
+    return "ok", f"{checked} feed(s)"
+
+
+def full_check_error(path):
+    try:
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+        return None
     except Exception as e:
-        return "error", f"ORT failed to run: {str(e).splitlines()[0][:300]}"
-    return "ok", f"{len(feeds)} feed(s)"
+        return first_line_of(e)
+
+
+def first_line_of(e):
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:300]
 
 
 def main():
@@ -172,7 +222,8 @@ def main():
         print(json.dumps({"onnxruntime": ort.__version__, "models": len(files), "counts": counts, "problems": problems}, indent=2))
     else:
         print(f"ONNX Runtime {ort.__version__}: {len(files)} converted models; {counts['ok']} load and match; "
-              f"{counts['skip']} originals do not load in ORT; {counts['excepted']} listed exceptions; "
+              f"{counts['skip']} skipped (original does not load or run in ORT, or is random); "
+              f"{counts['excepted']} listed exceptions; "
               f"{counts['load']} do not load; {counts['error']} fail to run; {counts['mismatch']} mismatch")
         for p in problems:
             print(f"  FAIL {p['model']} ({p['status']}): {p['detail']}")

@@ -904,6 +904,22 @@ bool bf16_gains_at_16(const ir::Model& model) {
   return false;
 }
 
+// Ops whose meaning changes on the way from opset 10..12 to 13 in ways upgrade_opset does not
+// rewrite: raising such a model would silently change it, so BF16 conversion refuses instead.
+std::string unsafe_to_raise(const ir::Model& model) {
+  const int64_t from = model.opset();
+  for (const auto& n : model.graph->nodes()) {
+    if (!n->domain.empty()) continue;
+    if (from < 12 && n->op_type == "Dropout" && (n->has_attr("ratio") || n->has_attr("seed")))
+      return fmt::format("{} has a ratio attribute (an input from opset 12)", n->label());
+    if (from < 11 && n->op_type == "Resize")
+      return fmt::format("{}: Resize changed inputs and coordinate mapping at opset 11", n->label());
+    if (from < 11 && (n->op_type == "Scatter" || n->op_type == "Upsample"))
+      return fmt::format("{}: {} is deprecated at opset 13", n->label(), n->op_type);
+  }
+  return {};
+}
+
 void check_overrides(const ir::Model& model, const ConvertOptions& opt) {
   for (const std::string& k : opt.keep_fp32)
     if (opt.force_low.count(k)) fail_input("'{}' is in both --keep-fp32 and --force-low", k);
@@ -940,6 +956,9 @@ ConvertReport convert_precision(ir::Model& model, const ConvertOptions& options)
       std::string why;
       if (!options.raise_opset)
         fail_input("BF16 needs opset 13 (Cast to bfloat16 and most ops); the model is at opset {}", model.opset());
+      if (std::string unsafe = unsafe_to_raise(model); !unsafe.empty())
+        fail_input("BF16 needs opset 13 (Cast to bfloat16 and most ops); the model is at opset {} and cannot be raised: {}",
+                   rep.opset_before, unsafe);
       if (!upgrade_opset(model, 13, &why))
         fail_input("BF16 needs opset 13 (Cast to bfloat16 and most ops); the model is at opset {} and cannot be raised: {}",
                    rep.opset_before, why);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "ir/verify.h"
+#include "passes/convert_precision.h"
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_bn.h"
 
@@ -62,6 +63,7 @@ const PassRegistry& PassRegistry::global() {
 void register_all_passes(PassRegistry& r) {
   r.add("fold_constants", [] { return std::make_unique<FoldConstants>(); });
   r.add("fuse_conv_bn", [] { return std::make_unique<FuseConvBn>(); });
+  r.add("convert_precision", [] { return std::make_unique<ConvertPrecision>(); });
 }
 
 PassStats run_pass(Pass& pass, ir::Model& model, bool verify) {
