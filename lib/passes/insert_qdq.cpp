@@ -325,10 +325,10 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
       QuantizedWeight qw = quantize_weight(*constant_value(w), axis, o.reduce_range ? 63 : 127);
       Value* wq = g.add_initializer(g.unique_name(w->name() + "_quantized"), qw.values);
       Value* ws = g.add_initializer(g.unique_name(w->name() + "_scale"), qw.scales);
-      Tensor zeros = Tensor::zeros(DType::Int8, qw.scales.shape());
-      Value* wz = g.add_initializer(g.unique_name(w->name() + "_zero_point"), zeros);
+      // Symmetric weights: the zero point is 0, which is DequantizeLinear's default for an absent
+      // zero point of an int8 input; leaving it out keeps conv-net files near a quarter of FP32.
       Value* wdq = g.add_value(g.unique_name(w->name() + "_dequantized"));
-      Node* dq = g.add_node("DequantizeLinear", {wq, ws, wz}, {wdq});
+      Node* dq = g.add_node("DequantizeLinear", {wq, ws}, {wdq});
       if (axis >= 0) dq->set_attr(Attribute::make_int("axis", axis));
       it = weight_cache.emplace(key, std::make_pair(wdq, qw.scale_list)).first;
       ++rep.weight_tensors;
@@ -357,9 +357,8 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     const std::string base = n->input(2)->name();
     Value* bqv = g.add_initializer(g.unique_name(base + "_quantized"), Tensor::from<int32_t>({channels}, bq));
     Value* bsv = g.add_initializer(g.unique_name(base + "_scale"), Tensor::from<float>({channels}, bscale));
-    Value* bzv = g.add_initializer(g.unique_name(base + "_zero_point"), Tensor::zeros(DType::Int32, {channels}));
     Value* bdq = g.add_value(g.unique_name(base + "_dequantized"));
-    Node* dq = g.add_node("DequantizeLinear", {bqv, bsv, bzv}, {bdq});
+    Node* dq = g.add_node("DequantizeLinear", {bqv, bsv}, {bdq});  // int32 zero point: 0, the default
     dq->set_attr(Attribute::make_int("axis", 0));
     g.set_node_input(n, 2, bdq);
     ++rep.int32_biases;

@@ -52,7 +52,13 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
                                          : Tensor::scalar<int8_t>(static_cast<int8_t>(yq.zero_point));
     Value* yz = g.add_initializer(g.unique_name(base + "_zero_point"), zp);
     Value* yqv = g.add_value(g.unique_name(base + "_quantized"));
-    std::vector<Value*> ins = {dx->input(0), dx->input(1), dx->input(2), dw->input(0), dw->input(1), dw->input(2), ys, yz};
+    // QLinearConv/QLinearMatMul need every zero point; QDQ export leaves the weights' (0) out.
+    auto zero_point_of = [&](Node* dq) -> Value* {
+      if (dq->input(2)) return dq->input(2);
+      DType t = dq->input(0)->type.elem == DType::UInt8 ? DType::UInt8 : DType::Int8;
+      return g.add_initializer(g.unique_name(dq->input(0)->name() + "_zero_point"), Tensor::zeros(t, {}));
+    };
+    std::vector<Value*> ins = {dx->input(0), dx->input(1), zero_point_of(dx), dw->input(0), dw->input(1), zero_point_of(dw), ys, yz};
     if (bias_q) ins.push_back(bias_q);
     const std::string op = n->op_type == "Conv" ? "QLinearConv" : "QLinearMatMul";
     std::string name = n->name.empty() ? g.unique_name(base + "_" + op) : n->name;
