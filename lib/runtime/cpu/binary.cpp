@@ -133,9 +133,29 @@ void arith_kernel(KernelContext& ctx) {
   ctx.set_output(0, arith(ctx, op, a, legacy_broadcast_b(ctx, a, ctx.input(1))));
 }
 
+// x^2 and x^3 with a scalar exponent (LayerNorm's variance and tanh-GELU as exported by PyTorch):
+// products instead of powf, as ONNX Runtime does. x*x is exactly powf(x, 2), both correctly rounded.
+bool pow_small_integer_exponent(KernelContext& ctx, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::Float32 || b.numel() != 1 || !dtype_is_float(b.dtype()) || b.rank() > a.rank()) return false;
+  const double e = b.get_double(0);
+  if (e != 2.0 && e != 3.0) return false;
+  Tensor& y = ctx.alloc_output(0, DType::Float32, a.shape());
+  const float* x = a.data<float>();
+  float* out = y.data<float>();
+  const bool cube = e == 3.0;
+  ctx.pool().parallel_for(a.numel(), 16384, [&](int64_t lo, int64_t hi) {
+    if (cube)
+      for (int64_t i = lo; i < hi; ++i) out[i] = x[i] * x[i] * x[i];
+    else
+      for (int64_t i = lo; i < hi; ++i) out[i] = x[i] * x[i];
+  });
+  return true;
+}
+
 void pow_kernel(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
+  if (pow_small_integer_exponent(ctx, a, b)) return;
   if (a.dtype() == b.dtype()) {
     ctx.set_output(0, arith(ctx, Arith::Pow, a, b));
     return;
