@@ -15,6 +15,7 @@
 #include "passes/insert_qdq.h"
 #include "passes/to_qoperator.h"
 #include "runtime/devices.h"
+#include "validate/sensitivity.h"
 
 namespace mpq::cli {
 
@@ -44,6 +45,8 @@ struct QuantizeOpts {
   std::string device = "cpu";
   int threads = 0;
   bool json = false;
+  double max_top1_drop = -1;  // < 0: no accuracy budget
+  std::string eval_data;      // evaluation data for the budget
 };
 
 std::set<std::string> split_list(const std::vector<std::string>& items) {
@@ -63,6 +66,8 @@ int quantize_command(const QuantizeOpts& o) {
   if (o.symmetric && o.activation_type == "int8") spdlog::debug("int8 activations are symmetric already");
   rt::BackendKind backend = rt::resolve_device(o.device);
   refuse_overwrite_input(o.model, o.output);
+  if (o.max_top1_drop >= 0 && o.eval_data.empty()) fail_input("--max-top1-drop needs --eval-data DIR (evaluation data; labels.npy beside it gives the accuracy drop)");
+  if (o.max_top1_drop < 0 && !o.eval_data.empty()) fail_input("--eval-data is only used with --max-top1-drop");
   auto t0 = std::chrono::steady_clock::now();
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
@@ -114,6 +119,37 @@ int quantize_command(const QuantizeOpts& o) {
   qo.quantize_outputs = !o.float_outputs;
   qo.exclude_nodes = split_list(o.exclude_nodes);
   qo.exclude_ops = split_list(o.exclude_ops);
+  // Accuracy budget: keep the fewest quantized compute nodes in float that meet it on the evaluation
+  // data (the search of `mpq sensitivity`, lib/validate/sensitivity.h).
+  std::vector<std::string> kept_fp32;
+  bool budget_met = true;
+  if (o.max_top1_drop >= 0) {
+    ir::Model reference = ir::load_model(o.model);
+    data::FeedSource eval = data::FeedSource::open(o.eval_data, reference);
+    validate::SensitivityOptions so;
+    so.max_top1_drop = o.max_top1_drop;
+    so.compare.backend = backend;
+    so.compare.threads = o.threads;
+    so.log = [](const std::string& line) { spdlog::info("{}", line); };
+    auto quantize_keeping = [&](const std::set<std::string>& keep) {
+      ir::Model m = model.clone();
+      passes::QdqOptions q = qo;
+      q.exclude_nodes.insert(keep.begin(), keep.end());
+      passes::insert_qdq(m, table, q);
+      return m;
+    };
+    validate::SensitivityResult sr = validate::run_sensitivity(reference, eval, quantize_keeping, so);
+    kept_fp32 = sr.kept;
+    budget_met = sr.met;
+    qo.exclude_nodes.insert(kept_fp32.begin(), kept_fp32.end());
+    std::vector<std::string> sorted = kept_fp32;
+    std::sort(sorted.begin(), sorted.end());
+    model.set_metadata("mpq.sensitivity.kept_fp32", fmt::format("{}", fmt::join(sorted, ",")));
+    model.set_metadata("mpq.sensitivity.max_top1_drop", fmt::format("{}", o.max_top1_drop));
+    spdlog::info("accuracy budget {:.2f} points {}: {} node(s) kept in FP32{}{}", 100.0 * o.max_top1_drop,
+                 sr.met ? "met" : "NOT met", kept_fp32.size(), kept_fp32.empty() ? "" : ": ",
+                 fmt::format("{}", fmt::join(kept_fp32, ", ")));
+  }
   passes::QdqReport rep = passes::insert_qdq(model, table, qo);
   ir::verify_or_throw(model);
   int qop_nodes = 0;
@@ -157,8 +193,10 @@ int quantize_command(const QuantizeOpts& o) {
     j["calibration"] = {{"method", method}, {"samples", samples}};
     j["notes"] = rep.notes;
     j["seconds"] = secs;
+    if (o.max_top1_drop >= 0)
+      j["sensitivity"] = {{"max_top1_drop", o.max_top1_drop}, {"met", budget_met}, {"kept_fp32", kept_fp32}};
     std::cout << j.dump(2) << "\n";
-    return 0;
+    return budget_met ? 0 : 1;
   }
   std::vector<std::string> by_op;
   for (const auto& [op, n] : rep.quantized) by_op.push_back(fmt::format("{} {}", op, n));
@@ -176,7 +214,11 @@ int quantize_command(const QuantizeOpts& o) {
   std::cout << fmt::format("wrote {}: {} -> {} ({:.1f}% of FP32) in {:.2f} s\n", o.output,
                            human_bytes(static_cast<double>(size_before)), human_bytes(static_cast<double>(size_after)),
                            100.0 * static_cast<double>(size_after) / static_cast<double>(size_before), secs);
-  return 0;
+  if (o.max_top1_drop >= 0)
+    std::cout << fmt::format("  accuracy budget {:.2f} points {}; kept in FP32 ({}): {}\n", 100.0 * o.max_top1_drop,
+                             budget_met ? "met" : "NOT met (exit 1)", kept_fp32.size(),
+                             kept_fp32.empty() ? std::string("none") : fmt::format("{}", fmt::join(kept_fp32, ", ")));
+  return budget_met ? 0 : 1;
 }
 
 }  // namespace
@@ -213,6 +255,11 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_option("--device", o->device, "calibration device: cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
+  sub.add_option("--max-top1-drop", o->max_top1_drop,
+                 "accuracy budget (fraction, 0.01 = 1 point): keep the fewest compute nodes in FP32 that meet it on --eval-data "
+                 "(exit 1 when it cannot be met; see mpq sensitivity)");
+  sub.add_option("--eval-data", o->eval_data, "evaluation data for --max-top1-drop (labels.npy beside it: accuracy drop; "
+                                               "without: top-1 disagreement with FP32)");
   sub.footer("Example: mpq quantize model.onnx --data calib_data/calib --method entropy -o model.int8.onnx");
   sub.callback([&action, o] { action = [o] { return quantize_command(*o); }; });
 }

@@ -112,6 +112,9 @@ int validate_command(ValidateOpts& o) {
     validate::report_format_for(r);
     refuse_overwrite_input(o.reference, r);
     refuse_overwrite_input(o.candidate, r);
+    const fs::path parent = fs::path(r).parent_path();
+    std::error_code pec;
+    if (!parent.empty() && !fs::is_directory(parent, pec)) fail_input("--report {}: folder {} does not exist", r, parent.string());
   }
   if (o.batch_size < 1) fail_input("--batch-size must be at least 1");
   if (o.jump_db < 0) fail_input("--jump-db must not be negative");
@@ -129,6 +132,15 @@ int validate_command(ValidateOpts& o) {
   if (!fs::is_directory(o.data, ec)) fail_input("--data {}: not a folder", o.data);
   data::FeedSource feeds = data::FeedSource::open(o.data, ref);
   if (!o.labels.empty()) feeds.load_labels(o.labels);
+  // An accuracy gate without labels cannot be evaluated: a CI job whose labels went missing must
+  // not pass on the remaining checks.
+  if (!feeds.labels()) {
+    bool wants_accuracy = th.all.min_accuracy.has_value();
+    for (const auto& [name, set] : th.outputs) wants_accuracy |= set.min_accuracy.has_value();
+    if (wants_accuracy)
+      fail_input("{}: min_accuracy needs labels: put labels.npy (or labels.txt) beside the data in {} or give --labels FILE",
+                 th.source, o.data);
+  }
 
   validate::CompareOptions co;
   co.backend = backend;

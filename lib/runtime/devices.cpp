@@ -37,9 +37,14 @@ bool cuda_available() {
 
 BackendKind resolve_device(const std::string& flag) {
   if (flag == "cpu") return BackendKind::CPU;
-  if (flag == "auto") return cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
+  // The CUDA plugin probes devices, but the executor has no CUDA kernels yet: `auto` stays on the
+  // CPU, and `cuda` is refused up front rather than failing after the model is loaded.
+  constexpr bool kCudaExecutorReady = false;
+  if (flag == "auto") return kCudaExecutorReady && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
   if (flag == "cuda") {
     if (!cuda_available()) fail_input("--device cuda: CUDA is not usable here: {}", query_devices().cuda_unavailable_reason);
+    if (!kCudaExecutorReady)
+      fail_input("--device cuda: the executor's CUDA backend is not implemented yet in this version of mpq; use --device cpu");
     return BackendKind::CUDA;
   }
   fail_input("--device must be cpu, cuda or auto, got '{}'", flag);

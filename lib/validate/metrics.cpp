@@ -245,6 +245,9 @@ void Top1Stats::merge(const Top1Stats& o) {
 double Top1Stats::agreement() const {
   return positions_ ? static_cast<double>(agree_) / static_cast<double>(positions_) : kNaN;
 }
+double Top1Stats::disagreement() const {
+  return positions_ ? static_cast<double>(positions_ - agree_) / static_cast<double>(positions_) : kNaN;
+}
 double Top1Stats::ref_accuracy() const {
   return labelled_ ? static_cast<double>(ref_correct_) / static_cast<double>(labelled_) : kNaN;
 }

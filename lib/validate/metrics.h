@@ -84,6 +84,9 @@ class Top1Stats {
   int64_t positions() const { return positions_; }
   int64_t agree() const { return agree_; }
   double agreement() const;  // NaN with no positions
+  // Fraction of positions whose top-1 differs, from the counts (not 1 - agreement(), whose
+  // rounding would make 998/1000 fail a 0.002 budget).
+  double disagreement() const;
   int64_t labelled() const { return labelled_; }
   int64_t ref_correct() const { return ref_correct_; }
   int64_t cand_correct() const { return cand_correct_; }

@@ -82,7 +82,7 @@ class ReferenceCache {
     Evaluation ev;
     ev.agreement = top1.agreement();
     ev.accuracy = labels() ? top1.cand_accuracy() : kNaN;
-    ev.drop = labels() ? top1.accuracy_drop() : 1.0 - top1.agreement();
+    ev.drop = labels() ? top1.accuracy_drop() : top1.disagreement();
     ev.output_snr_db = err.snr_db();
     return ev;
   }

@@ -168,7 +168,7 @@ std::vector<Check> evaluate_checks(const CompareResult& r, const Thresholds& th)
           c.value = o.top1->accuracy_drop();
         } else if (o.top1) {
           c.metric = "top1_disagreement";
-          c.value = 1.0 - o.top1->agreement();
+          c.value = o.top1->disagreement();
         } else {
           applies = false, why_not = "output holds no class scores";
         }

@@ -5,7 +5,7 @@ Always parses with Python's xml.etree (a conforming XML 1.0 parser) and checks t
 CI systems rely on (testsuites > testsuite > testcase, counts that add up, failure/skipped children);
 when junitparser is installed it also loads the file with it and compares the counts.
 
-    python3 tests/validate/junit_check.py report.xml [--expect-failures N]
+    python3 tests/validate/junit_check.py report.xml [more.xml ...] [--expect-failures N]
 
 Exit 0 when accepted, 1 with a message otherwise. Without a file argument it makes one itself by
 running `mpq validate` (binary from $MPQ_BINARY or build/apps/mpq/mpq) on a model from tests/models,
@@ -97,15 +97,21 @@ def make_report(tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("report", nargs="?")
-    ap.add_argument("--expect-failures", type=int)
+    ap.add_argument("reports", nargs="*")
+    ap.add_argument("--expect-failures", type=int, help="failures each file must hold")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path, expect = (args.report, args.expect_failures) if args.report else make_report(tmp)
-        total, failures, skipped = check_etree(path, expect)
-        used = check_junitparser(path, total, failures, skipped)
-    print(f"junit_check: {path}: {total} testcases, {failures} failures, {skipped} skipped; accepted by xml.etree"
-          + (" and junitparser" if used else " (junitparser not installed)"))
+        if args.reports:
+            jobs = [(path, args.expect_failures) for path in args.reports]
+        else:
+            jobs = [make_report(tmp)]
+        for path, expect in jobs:
+            if not os.path.isfile(path):
+                fail(f"{path}: no such file")
+            total, failures, skipped = check_etree(path, expect)
+            used = check_junitparser(path, total, failures, skipped)
+            print(f"junit_check: {path}: {total} testcases, {failures} failures, {skipped} skipped; accepted by xml.etree"
+                  + (" and junitparser" if used else " (junitparser not installed)"))
 
 
 if __name__ == "__main__":

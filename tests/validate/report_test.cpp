@@ -327,6 +327,29 @@ TEST_CASE("JSON report follows the documented schema", "[validate][report]") {
   CHECK(report_to_json(sample_report(false))["per_layer"].is_null());
 }
 
+TEST_CASE("every field the JSON report writes is documented in docs/validate.md", "[validate][report]") {
+  std::ifstream in(test::source_dir() / "docs" / "validate.md", std::ios::binary);
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  auto documented = [&](const nlohmann::json& obj, const std::string& where) {
+    REQUIRE(obj.is_object());
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      INFO(where << "." << it.key());
+      CHECK(doc.find("`" + it.key() + "`") != std::string::npos);
+    }
+  };
+  nlohmann::json j = report_to_json(sample_report(true));
+  documented(j, "report");
+  documented(j["thresholds"], "thresholds");
+  documented(j["outputs"][0], "output");
+  documented(j["outputs"][0]["top1"], "output.top1");
+  documented(j["accuracy"], "accuracy");
+  documented(j["checks"][0], "check");
+  documented(j["summary"], "summary");
+  documented(j["per_layer"], "per_layer");
+  documented(j["per_layer"]["layers"][0], "layer");
+}
+
 TEST_CASE("HTML report is self-contained and holds the SVG charts", "[validate][report]") {
   ValidateReport rep = sample_report(true);
   std::string html = report_to_html(rep);

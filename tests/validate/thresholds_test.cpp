@@ -174,3 +174,29 @@ TEST_CASE("thresholds naming an unknown output are an input error", "[validate][
   Thresholds t = parse_thresholds(R"({"outputs": {"nope": {"min_cosine": 0.5}}})", "t.json");
   CHECK_THROWS_WITH(evaluate_checks(r, t), Catch::Contains("'nope'"));
 }
+
+TEST_CASE("a top-1 budget typed as a decimal holds on the exact count", "[validate][thresholds]") {
+  // 998 of 1000 positions agree: 2 changed = 0.002 exactly, which a budget of 0.002 allows.
+  // (1 - 998/1000 rounds to 0.0020000000000000018 and would fail it.)
+  CompareResult r;
+  r.rows = 1000;
+  OutputResult o;
+  o.name = "logits";
+  o.shape = {1000, 2};
+  std::vector<int64_t> ref(1000, 0), cand(1000, 0);
+  cand[10] = cand[500] = 1;
+  Top1Stats t;
+  t.add(ref, cand);
+  o.top1 = t;
+  std::vector<float> zeros(2000, 0.0f);
+  o.stats.add(zeros.data(), zeros.data(), 2000);
+  r.outputs.push_back(o);
+  CHECK(t.disagreement() == 0.002);
+  Thresholds th = parse_thresholds(R"({"max_top1_drop": 0.002, "min_top1_agreement": 0.998})", "t.json");
+  auto checks = evaluate_checks(r, th);
+  CHECK(find_check(checks, "logits/max_top1_drop")->metric == "top1_disagreement");
+  CHECK(find_check(checks, "logits/max_top1_drop")->status == Check::Status::Pass);
+  CHECK(find_check(checks, "logits/min_top1_agreement")->status == Check::Status::Pass);
+  th = parse_thresholds(R"({"max_top1_drop": 0.001})", "t.json");
+  CHECK(find_check(evaluate_checks(r, th), "logits/max_top1_drop")->status == Check::Status::Fail);
+}

@@ -227,6 +227,13 @@ TEST_CASE("validate: bad input exits 2 before any work", "[validate][cli]") {
           ".json, .xml (JUnit) or .html");
   expect2(test::run_mpq({"validate", "--reference", ref, "--candidate", ref, "--data", d, "--thresholds", (tmp / "missing.json").string()}),
           "not found");
+  expect2(test::run_mpq({"validate", "--reference", ref, "--candidate", ref, "--data", d, "--report",
+                         (tmp / "no-such-folder" / "r.json").string()}),
+          "does not exist");
+  CHECK_FALSE(fs::exists(tmp / "no-such-folder"));
+  // An accuracy gate on data without labels cannot be evaluated (it must not pass on the rest).
+  expect2(test::run_mpq({"validate", "--reference", ref, "--candidate", ref, "--data", d, "--min-cosine", "0.5", "--min-accuracy", "0.5"}),
+          "min_accuracy needs labels");
   // Missing required flags: usage error, exit 2.
   auto usage = test::run_mpq({"validate", "--reference", ref});
   CHECK(usage.exit_code == 2);
