@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,5 +57,7 @@ class Progress {
 
 std::string human_bytes(double bytes);
 std::string human_count(double n);
+// "a,b" "c" -> {a, b, c}: repeatable flags that also take comma-separated lists.
+std::set<std::string> split_comma_list(const std::vector<std::string>& items);
 
 }  // namespace mpq::cli

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <sstream>
 
 #include "cli.h"
 
@@ -71,6 +72,17 @@ std::string human_count(double n) {
   if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
   if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
   return fmt::format("{:.0f}", n);
+}
+
+std::set<std::string> split_comma_list(const std::vector<std::string>& items) {
+  std::set<std::string> out;
+  for (const std::string& item : items) {
+    std::stringstream ss(item);
+    std::string part;
+    while (std::getline(ss, part, ','))
+      if (!part.empty()) out.insert(part);
+  }
+  return out;
 }
 
 }  // namespace mpq::cli

@@ -3,6 +3,10 @@
 #include <chrono>
 #include <iostream>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "calib/calibrator.h"
 #include "cli.h"
 #include "core/file_io.h"
@@ -31,7 +35,19 @@ struct CalibrateOpts {
   bool json = false;
 };
 
+// Kernels allocate their scratch (Conv's im2col buffer) on every call. Under calibration's
+// allocation pattern the freed block ends up on top of glibc's heap and is handed back to the OS
+// each time, so every feed faults it in again: 327k page faults on 2,000 Fashion-MNIST feeds, twice
+// the CPU time of the run itself. Keeping freed memory (the working set is bounded) removes that.
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
+
 int calibrate_command(const CalibrateOpts& o) {
+  keep_freed_memory();
   calib::CalibOptions co;
   co.method = calib::parse_range_method(o.method);
   co.range.percentile = o.percentile;

@@ -45,17 +45,6 @@ struct ConvertOpts {
   int max_table_rows = 100;
 };
 
-std::set<std::string> split_list(const std::vector<std::string>& items) {
-  std::set<std::string> out;
-  for (const std::string& item : items) {
-    std::stringstream ss(item);
-    std::string part;
-    while (std::getline(ss, part, ','))
-      if (!part.empty()) out.insert(part);
-  }
-  return out;
-}
-
 std::string num(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   if (std::isnan(v)) return "nan";
@@ -122,8 +111,8 @@ int convert_command(const ConvertOpts& o) {
   passes::ConvertOptions co;
   co.low = low;
   co.keep_io_types = o.keep_io_types;
-  co.keep_fp32 = split_list(o.keep_fp32);
-  co.force_low = split_list(o.force_low);
+  co.keep_fp32 = split_comma_list(o.keep_fp32);
+  co.force_low = split_comma_list(o.force_low);
   co.max_magnitude = o.max_magnitude > 0.0 ? o.max_magnitude
                                            : (low == DType::Float16 ? pp::kDefaultMaxMagnitude
                                                                     : std::numeric_limits<double>::max());

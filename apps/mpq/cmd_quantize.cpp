@@ -49,17 +49,6 @@ struct QuantizeOpts {
   std::string eval_data;      // evaluation data for the budget
 };
 
-std::set<std::string> split_list(const std::vector<std::string>& items) {
-  std::set<std::string> out;
-  for (const std::string& item : items) {
-    std::stringstream ss(item);
-    std::string part;
-    while (std::getline(ss, part, ','))
-      if (!part.empty()) out.insert(part);
-  }
-  return out;
-}
-
 int quantize_command(const QuantizeOpts& o) {
   if (o.calib.empty() == o.data.empty()) fail_input("give exactly one of --calib TABLE or --data DIR");
   if (o.per_tensor && o.per_channel) fail_input("--per-channel and --per-tensor exclude each other");
@@ -117,8 +106,8 @@ int quantize_command(const QuantizeOpts& o) {
   qo.quantize_bias = !o.float_bias;
   qo.quantize_attention = o.quantize_attention;
   qo.quantize_outputs = !o.float_outputs;
-  qo.exclude_nodes = split_list(o.exclude_nodes);
-  qo.exclude_ops = split_list(o.exclude_ops);
+  qo.exclude_nodes = split_comma_list(o.exclude_nodes);
+  qo.exclude_ops = split_comma_list(o.exclude_ops);
   // Accuracy budget: keep the fewest quantized compute nodes in float that meet it on the evaluation
   // data (the search of `mpq sensitivity`, lib/validate/sensitivity.h).
   std::vector<std::string> kept_fp32;

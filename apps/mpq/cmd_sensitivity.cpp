@@ -52,17 +52,6 @@ struct SensitivityOpts {
   bool json = false;
 };
 
-std::set<std::string> split_names(const std::vector<std::string>& items) {
-  std::set<std::string> out;
-  for (const std::string& item : items) {
-    std::stringstream ss(item);
-    std::string part;
-    while (std::getline(ss, part, ','))
-      if (!part.empty()) out.insert(part);
-  }
-  return out;
-}
-
 int sensitivity_command(const SensitivityOpts& o) {
   if (o.calib.empty() == o.calib_data.empty()) fail_input("give exactly one of --calib TABLE or --calib-data DIR");
   if (!o.output.empty()) refuse_overwrite_input(o.model, o.output);
@@ -108,8 +97,8 @@ int sensitivity_command(const SensitivityOpts& o) {
   qo.per_channel = !o.per_tensor;
   qo.activation_type = o.activation_type;
   qo.quantize_bias = !o.float_bias;
-  qo.exclude_ops = split_names(o.exclude_ops);
-  const std::set<std::string> pinned = split_names(o.exclude_nodes);
+  qo.exclude_ops = split_comma_list(o.exclude_ops);
+  const std::set<std::string> pinned = split_comma_list(o.exclude_nodes);
   auto quantize = [&](const std::set<std::string>& keep) {
     ir::Model m = prepared.clone();
     passes::QdqOptions q = qo;

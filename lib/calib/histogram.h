@@ -3,11 +3,29 @@
 // symmetric range [-R, R] that widens (R doubles, neighbouring bins merge pairwise) when later data
 // exceeds it. Merging keeps every earlier count in a bin that still covers its value, so nothing
 // is invalidated and memory stays fixed however many samples stream through.
+//
+// Calibration reads every float activation once more after the executor produced it, so the two
+// passes here (min/max scan, then binning) are vectorized (AVX2 where the CPU has it) and can be
+// split over a thread pool for large tensors; the plain loops stay as `*_ref` ground truth.
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+namespace mpq::rt {
+class ThreadPool;
+}
+
 namespace mpq::calib {
+
+// One pass over `n` floats: min and max of the data and whether every value is finite. When
+// `all_finite` is false, lo/hi are unspecified (callers take the slow path that counts NaN/inf).
+struct MinMaxScan {
+  float lo = std::numeric_limits<float>::infinity();
+  float hi = -std::numeric_limits<float>::infinity();
+  bool all_finite = true;
+};
+MinMaxScan scan_min_max(const float* data, int64_t n);
+MinMaxScan scan_min_max_ref(const float* data, int64_t n);
 
 class Histogram {
  public:
@@ -17,6 +35,8 @@ class Histogram {
 
   // Adds finite values; the caller filters NaN/inf (TensorStats does).
   void add(const float* data, int64_t n, float max_abs_of_data);
+  // Same, with the binning split over the pool's threads (each chunk into its own counts, summed).
+  void add_parallel(const float* data, int64_t n, float max_abs_of_data, rt::ThreadPool& pool);
   // Straightforward version kept as ground truth for add().
   void add_ref(const float* data, int64_t n);
 
@@ -35,6 +55,9 @@ class Histogram {
   double signed_edge(int i) const { return -range_ + i * bin_width(); }
 
  private:
+  // Counts n values and widens the range to cover max_abs; false when nothing is left to bin
+  // (all zeros while no range exists yet).
+  bool prepare(int64_t n, float max_abs);
   void widen_to(double max_abs);
   int bins_;
   double range_ = 0.0;
@@ -54,9 +77,15 @@ struct TensorStats {
   Histogram histogram;
 
   explicit TensorStats(bool with_histogram, int bins = 2048) : has_histogram(with_histogram), histogram(bins) {}
-  // One pass over the data: min/max, NaN/inf counts, then the histogram of the finite values.
-  void add(const float* data, int64_t n);
+  // Min/max, NaN/inf counts, then the histogram of the finite values. With a pool (of more than
+  // one thread) both passes are split into chunks over its threads.
+  void add(const float* data, int64_t n, rt::ThreadPool* pool = nullptr);
+  // Straightforward version (scalar loops, the reference histogram) kept as ground truth.
+  void add_ref(const float* data, int64_t n);
   double amax() const;  // max(|min|, |max|), 0 when nothing finite was seen
+
+ private:
+  void add_with_nonfinite(const float* data, int64_t n);
 };
 
 // Per-channel min/max of a weight tensor viewed as [outer, channels, inner].

@@ -14,6 +14,7 @@
 #include "calib/quant_ref.h"
 #include "calib/range_methods.h"
 #include "calib/table.h"
+#include "runtime/thread_pool.h"
 #include "test_util.h"
 
 using namespace mpq;
@@ -63,6 +64,82 @@ TEST_CASE("histogram add agrees with its reference and keeps every count", "[cal
   }
   CHECK(total == v.size());
   CHECK(diff == 0);
+}
+
+namespace {
+
+// Data shaped like real activations: runs of one value (a constant image background and the
+// feature maps over it), exact zeros and -0 (ReLU), ties on bin edges, odd lengths for the tails.
+std::vector<float> activation_like(size_t n, uint32_t seed) {
+  std::vector<float> v = gaussian(n, seed, 1.5f);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 97 < 40) v[i] = -0.8101983f;                // background run
+    else if (i % 13 == 0) v[i] = (i % 2) ? 0.0f : -0.0f;  // ReLU zeros of both signs
+    else if (i % 29 == 0) v[i] = 0.25f;                  // exactly on a bin edge
+  }
+  return v;
+}
+
+void require_same_stats(const TensorStats& a, const TensorStats& b) {
+  REQUIRE(a.count == b.count);
+  REQUIRE(a.nan_count == b.nan_count);
+  REQUIRE(a.inf_count == b.inf_count);
+  REQUIRE(a.min == b.min);
+  REQUIRE(a.max == b.max);
+  REQUIRE(a.histogram.range() == b.histogram.range());
+  REQUIRE(a.histogram.total() == b.histogram.total());
+  REQUIRE(a.histogram.exact_zeros() == b.histogram.exact_zeros());
+  REQUIRE(a.histogram.signed_counts() == b.histogram.signed_counts());
+}
+
+}  // namespace
+
+TEST_CASE("vectorized min/max scan agrees with its reference on odd lengths and non-finite values",
+          "[calib][histogram]") {
+  std::vector<float> v = activation_like(1031, 11);
+  for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 1031}) {
+    MinMaxScan fast = scan_min_max(v.data(), n), ref = scan_min_max_ref(v.data(), n);
+    CHECK(fast.all_finite);
+    CHECK(fast.lo == ref.lo);
+    CHECK(fast.hi == ref.hi);
+  }
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    for (size_t pos : {0u, 5u, 8u, 16u, 1030u}) {
+      std::vector<float> w = v;
+      w[pos] = bad;
+      CHECK_FALSE(scan_min_max(w.data(), static_cast<int64_t>(w.size())).all_finite);
+    }
+  }
+}
+
+TEST_CASE("fast and pooled statistics equal the scalar reference bit for bit", "[calib][histogram]") {
+  rt::ThreadPool pool(3);
+  for (size_t n : {size_t{1}, size_t{9}, size_t{4099}, size_t{300007}}) {
+    std::vector<float> v = activation_like(n, static_cast<uint32_t>(n));
+    TensorStats ref(true), fast(true), pooled(true);
+    // Two adds each, the second with a wider range: widening must not depend on the path.
+    std::vector<float> wide = gaussian(n, 5, 30.0f);
+    ref.add_ref(v.data(), static_cast<int64_t>(n));
+    ref.add_ref(wide.data(), static_cast<int64_t>(n));
+    fast.add(v.data(), static_cast<int64_t>(n));
+    fast.add(wide.data(), static_cast<int64_t>(n));
+    pooled.add(v.data(), static_cast<int64_t>(n), &pool);
+    pooled.add(wide.data(), static_cast<int64_t>(n), &pool);
+    INFO("n = " << n);
+    require_same_stats(fast, ref);
+    require_same_stats(pooled, ref);
+  }
+  SECTION("NaN and inf take the counting path on every route") {
+    std::vector<float> v = activation_like(300007, 3);
+    v[17] = NAN;
+    v[200000] = INFINITY;
+    TensorStats ref(true), pooled(true);
+    ref.add_ref(v.data(), static_cast<int64_t>(v.size()));
+    pooled.add(v.data(), static_cast<int64_t>(v.size()), &pool);
+    require_same_stats(pooled, ref);
+    CHECK(pooled.nan_count == 1);
+    CHECK(pooled.inf_count == 1);
+  }
 }
 
 TEST_CASE("a widening histogram equals one built with the final range", "[calib][histogram]") {
