@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ir/onnx_io.h"
+#include "runtime/executor.h"
 
 namespace mpq::test {
 
@@ -84,5 +85,37 @@ double rel_l2(const Tensor& a, const Tensor& b) {
 }
 
 void write_model(const ir::Model& m, const fs::path& path) { ir::save_model(m, path); }
+
+std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs,
+                             const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads) {
+  ir::Model m;
+  m.set_opset("", opset);
+  ir::Graph* g = m.graph.get();
+  std::vector<ir::Value*> ins;
+  rt::Feeds feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    std::string name = "in" + std::to_string(i);
+    ir::Value* v = g->add_value(name, ir::ValueType::tensor(inputs[i].dtype(), inputs[i].shape()));
+    g->add_input(v);
+    ins.push_back(v);
+    feeds[name] = inputs[i];
+  }
+  std::vector<ir::Value*> outs;
+  for (size_t i = 0; i < n_outputs; ++i) {
+    ir::Value* v = g->add_value("out" + std::to_string(i));
+    g->add_output(v);
+    outs.push_back(v);
+  }
+  ir::Node* n = g->add_node(op, ins, outs, "node_under_test");
+  for (const auto& a : attrs) n->set_attr(a);
+  rt::ExecOptions opt;
+  opt.threads = threads;
+  rt::Executor ex(m, opt);
+  return ex.run(feeds);
+}
 
 }  // namespace mpq::test
