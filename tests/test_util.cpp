@@ -87,9 +87,11 @@ double rel_l2(const Tensor& a, const Tensor& b) {
 void write_model(const ir::Model& m, const fs::path& path) { ir::save_model(m, path); }
 
 std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs,
-                             const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads) {
+                             const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads,
+                             const std::string& domain) {
   ir::Model m;
   m.set_opset("", opset);
+  if (!domain.empty()) m.set_opset(domain, 1);
   ir::Graph* g = m.graph.get();
   std::vector<ir::Value*> ins;
   rt::Feeds feeds;
@@ -110,7 +112,7 @@ std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& i
     g->add_output(v);
     outs.push_back(v);
   }
-  ir::Node* n = g->add_node(op, ins, outs, "node_under_test");
+  ir::Node* n = g->add_node(op, ins, outs, "node_under_test", domain);
   for (const auto& a : attrs) n->set_attr(a);
   rt::ExecOptions opt;
   opt.threads = threads;

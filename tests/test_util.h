@@ -46,9 +46,11 @@ double rel_l2(const Tensor& a, const Tensor& b);
 // Write a small model (its graph built by the caller) to `path`.
 void write_model(const ir::Model& m, const fs::path& path);
 
-// Runs one node (named "node_under_test") through the executor on `threads` threads; undefined
-// tensors in `inputs` are omitted optional inputs.
+// Runs one node (named "node_under_test", of `domain` at version 1 when not the default domain)
+// through the executor on `threads` threads; undefined tensors in `inputs` are omitted optional
+// inputs.
 std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs,
-                             const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads);
+                             const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads,
+                             const std::string& domain = "");
 
 }  // namespace mpq::test

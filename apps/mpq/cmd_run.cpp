@@ -10,7 +10,9 @@
 #include "data/feeds.h"
 #include "data/npy.h"
 #include "ir/onnx_io.h"
+#include "ir/onnx_tools.h"
 #include "ir/verify.h"
+#include "passes/pass.h"
 #include "runtime/devices.h"
 #include "runtime/executor.h"
 #include "runtime/thread_pool.h"
@@ -28,6 +30,7 @@ struct RunOpts {
   int repeat = 0;
   int64_t max_samples = -1;
   bool json = false;
+  bool no_fusion = false;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -44,6 +47,13 @@ int run_command(const RunOpts& o) {
   rt::BackendKind backend = rt::resolve_device(o.device);
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
+  if (!o.no_fusion) {
+    // Load-time fusion as ONNX Runtime does it: fewer passes over memory, same outputs (to float
+    // rounding). Graph outputs are never fused away. Shapes (best effort) let a residual Add fuse.
+    ir::infer_shapes(model);
+    for (const auto& stats : passes::run_passes(model, {"fold_constants", "fuse_conv_bn", "fuse_conv_activation"}))
+      for (const auto& note : stats.notes) spdlog::debug("{}", note);
+  }
   data::DataOptions dopts;
   dopts.max_feeds = o.max_samples;
   data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
@@ -139,6 +149,9 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
   sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
   sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_flag("--no-fusion", o->no_fusion,
+               "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
+               "before it, and a residual Add and activation after a Conv run in its epilogue)");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
   sub.footer("Example: mpq run model.onnx --data calib_data/eval --outputs out/ --repeat 20 --json");
   sub.callback([&action, o] { action = [o] { return run_command(*o); }; });

@@ -6,6 +6,7 @@
 #include "ir/verify.h"
 #include "passes/convert_precision.h"
 #include "passes/fold_constants.h"
+#include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
 
 namespace mpq::passes {
@@ -63,6 +64,7 @@ const PassRegistry& PassRegistry::global() {
 void register_all_passes(PassRegistry& r) {
   r.add("fold_constants", [] { return std::make_unique<FoldConstants>(); });
   r.add("fuse_conv_bn", [] { return std::make_unique<FuseConvBn>(); });
+  r.add("fuse_conv_activation", [] { return std::make_unique<FuseConvActivation>(); });
   r.add("convert_precision", [] { return std::make_unique<ConvertPrecision>(); });
 }
 

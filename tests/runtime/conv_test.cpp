@@ -406,3 +406,109 @@ TEST_CASE("ConvTranspose rejects malformed nodes", "[conv][transpose][negative]"
   CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_ints("output_shape", {7})}), Error);
   CHECK_THROWS_AS(run_node("ConvTranspose", {x, w}, {ir::Attribute::make_ints("pads", {4, 4, 4, 4})}), Error);
 }
+
+TEST_CASE("Conv phase-plane path: strides, dilations, asymmetric pads, several tiles", "[conv]") {
+  // 2-D convolutions whose padded width wastes at most 30% of the GEMM's columns run on
+  // stride-phase planes; every stride/dilation/kernel combination here does, on 1 and 2 threads.
+  uint32_t seed = 900;
+  for (int64_t s : {1, 2, 3})
+    for (int64_t d : {1, 2})
+      for (int64_t k : {1, 2, 3, 5}) {
+        const int64_t p = (k - 1) * d / 2;
+        const int threads = 1 + static_cast<int>(seed % 2);
+        check_conv_case({2, 5, 6, 1, {17, 31}, {k, k}, {s, s}, {d, d}, {p, p + 1, p, p % 2}, (k + s) % 2 == 0}, seed++,
+                        DType::Float32, threads);
+      }
+  // Mixed strides, a kernel taller than wide, grouped, float64.
+  check_conv_case({1, 6, 4, 1, {20, 33}, {5, 3}, {2, 1}, {1, 1}, {2, 1, 2, 1}, true}, seed++);
+  check_conv_case({3, 8, 6, 2, {11, 29}, {3, 3}, {1, 2}, {2, 1}, {0, 1, 2, 0}, true}, seed++);
+  check_conv_case({1, 4, 3, 1, {9, 30}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, true}, seed++, DType::Float64);
+  // Several tiles of output rows, the last one partial; stride 1 and stride 2.
+  check_conv_case({1, 16, 8, 1, {70, 70}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({2, 32, 8, 1, {131, 66}, {3, 3}, {2, 2}, {1, 1}, {1, 0, 1, 1}, false}, seed++, DType::Float32, 1);
+  // The fashion models' shapes: 3x3 at 28, 14 and 7 (the last falls back to im2col: 2 of 7 wasted).
+  check_conv_case({8, 16, 16, 1, {28, 28}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, false}, seed++, DType::Float32, 1);
+  check_conv_case({8, 16, 32, 1, {28, 28}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, false}, seed++, DType::Float32, 1);
+  check_conv_case({8, 16, 32, 1, {28, 28}, {1, 1}, {2, 2}, {1, 1}, {0, 0, 0, 0}, false}, seed++, DType::Float32, 1);
+  check_conv_case({8, 64, 64, 1, {7, 7}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, false}, seed++, DType::Float32, 2);
+}
+
+namespace {
+
+// activation(conv_ref(x, w, b) + z), computed naively in double.
+Tensor fused_conv_ref(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor* z, const WindowGeometry& geo,
+                      const std::string& act, const std::vector<float>& params) {
+  Tensor y = rt::cpu::conv_ref(x, w, b, geo);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    double v = y.get_double(i) + (z ? z->get_double(i) : 0.0);
+    if (act == "Relu") v = std::max(v, 0.0);
+    if (act == "LeakyRelu") v = v < 0 ? params[0] * v : v;
+    if (act == "Clip") v = std::min(std::max(v, double(params[0])), double(params[1]));
+    if (act == "Sigmoid") v = 1.0 / (1.0 + std::exp(-v));
+    if (act == "HardSigmoid") v = std::min(std::max(params[0] * v + params[1], 0.0), 1.0);
+    if (act == "Tanh") v = std::tanh(v);
+    if (act == "HardSwish") v = v * std::min(std::max(v / 6.0 + 0.5, 0.0), 1.0);
+    y.data<float>()[i] = static_cast<float>(v);
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("FusedConv applies the residual and activation on every convolution strategy", "[conv][fused]") {
+  const std::vector<std::pair<std::string, std::vector<float>>> acts = {
+      {"", {}},           {"Relu", {}}, {"LeakyRelu", {0.1f}},        {"Clip", {-0.5f, 0.7f}},
+      {"Sigmoid", {}},    {"Tanh", {}}, {"HardSigmoid", {0.3f, 0.4f}}, {"HardSwish", {}}};
+  // phase planes, im2col fallback (wide kernel on a narrow map), pointwise, depthwise, grouped,
+  // 3-D, and 4-D (reference fallback).
+  const std::vector<ConvCase> convs = {
+      {2, 5, 6, 1, {9, 21}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true},
+      {1, 3, 4, 1, {6, 5}, {5, 5}, {1, 1}, {1, 1}, {2, 2, 2, 2}, false},
+      {2, 7, 5, 1, {4, 6}, {1, 1}, {}, {}, {}, true},
+      {1, 6, 6, 6, {9, 10}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, true},
+      {1, 6, 4, 2, {7, 17}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true},
+      {1, 3, 2, 1, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, true},
+      {1, 2, 3, 1, {3, 4, 3, 3}, {2, 1, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}, false},
+  };
+  uint32_t seed = 1000;
+  for (const ConvCase& k : convs)
+    for (const auto& [act, params] : acts)
+      for (bool with_z : {false, true}) {
+        INFO(describe(k) << " activation=" << act << " Z=" << with_z);
+        Tensor x = test::random_tensor(with_prefix(k.n, k.c, k.in), seed++, -2.0f, 2.0f);
+        Tensor w = test::random_tensor(with_prefix(k.m, k.c / k.group, k.kernel), seed++);
+        Tensor b = test::random_tensor({k.m}, seed++);
+        WindowGeometry geo;
+        geo.strides = k.strides;
+        geo.dilations = k.dilations;
+        geo.pads = k.pads;
+        geo.group = k.group;
+        Tensor plain = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geo);
+        Tensor z = test::random_tensor(plain.shape(), seed++, -2.0f, 2.0f);
+        Attrs attrs{ir::Attribute::make_int("group", k.group)};
+        if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
+        if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
+        if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+        if (!act.empty()) attrs.push_back(ir::Attribute::make_string("activation", act));
+        if (!params.empty()) attrs.push_back(ir::Attribute::make_floats("activation_params", params));
+        std::vector<Tensor> ins{x, w, k.bias ? b : Tensor()};
+        if (with_z) ins.push_back(z);
+        Tensor got = test::run_node("FusedConv", ins, attrs, 1, 17, 2, "mpq")[0];
+        Tensor want = fused_conv_ref(x, w, k.bias ? &b : nullptr, with_z ? &z : nullptr, geo, act, params);
+        check_close(got, want);
+      }
+}
+
+TEST_CASE("FusedConv rejects a bad activation, parameters or Z", "[conv][fused][negative]") {
+  Tensor x = test::random_tensor({1, 2, 5, 5}, 1);
+  Tensor w = test::random_tensor({3, 2, 3, 3}, 2);
+  auto run = [&](const Attrs& attrs, const Tensor& z) {
+    return test::run_node("FusedConv", {x, w, Tensor(), z}, attrs, 1, 17, 1, "mpq");
+  };
+  Tensor z_ok = test::random_tensor({1, 3, 3, 3}, 3);
+  CHECK_THROWS_WITH(run({ir::Attribute::make_string("activation", "Gelu")}, z_ok),
+                    Catch::Contains("node_under_test") && Catch::Contains("'Gelu'"));
+  CHECK_THROWS_WITH(run({ir::Attribute::make_string("activation", "Clip"), ir::Attribute::make_floats("activation_params", {1.0f})}, z_ok),
+                    Catch::Contains("takes 2 activation_params"));
+  CHECK_THROWS_WITH(run({}, test::random_tensor({1, 3, 5, 5}, 4)), Catch::Contains("Z is float32[1,3,5,5]"));
+}

@@ -9,12 +9,16 @@
 // (image, group) tasks whose GEMM OpenBLAS would run single-threaded anyway are spread over the
 // kernel pool instead. ConvTranspose is GEMM (W^T X) + col2im per (image, group).
 // More than three spatial dimensions fall back to the scalar reference implementation.
+#include <immintrin.h>
+
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/math_util.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cpu/register_all.h"
 
@@ -54,14 +58,100 @@ void prefill_bias(ThreadPool& pool, T* y, int64_t rows, int64_t len, int64_t cha
   });
 }
 
+// What mpq::FusedConv (passes/fuse_conv_activation) adds after the convolution:
+// Y = activation(Conv(X, W, B) + Z), applied while a block of Y is still in cache.
+struct Epilogue {
+  enum class Act { None, Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh, HardSwish };
+  Act act = Act::None;
+  float p0 = 0.0f, p1 = 0.0f;
+  const void* z = nullptr;  // same type and shape as Y
+  bool active() const { return act != Act::None || z != nullptr; }
+};
+
+template <Epilogue::Act A, typename T>
+inline T activate(T v, T a, T b) {
+  using Act = Epilogue::Act;
+  if constexpr (A == Act::Relu) return v < T(0) ? T(0) : v;
+  if constexpr (A == Act::LeakyRelu) return v < T(0) ? a * v : v;
+  if constexpr (A == Act::Clip) return std::min(std::max(v, a), b);
+  if constexpr (A == Act::HardSigmoid) return std::min(std::max(a * v + b, T(0)), T(1));
+  if constexpr (A == Act::HardSwish) return v * std::min(std::max(v * static_cast<T>(1.0 / 6.0) + T(0.5), T(0)), T(1));
+  if constexpr (A == Act::Sigmoid) {
+    if constexpr (std::is_same_v<T, float>) return math::fast_sigmoid(v);
+    else return T(1) / (T(1) + std::exp(-v));
+  }
+  if constexpr (A == Act::Tanh) {
+    if constexpr (std::is_same_v<T, float>) return math::fast_tanh(v);
+    else return std::tanh(v);
+  }
+  return v;
+}
+
+// dst[i] = act(src[i] + bias + z[i]) over one row, in a single pass (dst may be src).
+template <Epilogue::Act A, bool kHasZ, typename T>
+void epilogue_row(const T* src, T bias, const T* z, T* dst, int64_t n, T a, T b) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v = src[i] + bias;
+    if constexpr (kHasZ) v += z[i];
+    dst[i] = activate<A>(v, a, b);
+  }
+}
+
+// Calls fn(row) once, with row(src, bias, z, dst, n) specialised for e's activation and Z, so the
+// choice is made per convolution rather than per element.
+template <typename T, typename F>
+void with_epilogue(const Epilogue& e, F&& fn) {
+  using Act = Epilogue::Act;
+  const T a = static_cast<T>(e.p0), b = static_cast<T>(e.p1);
+  auto pick = [&](auto act) {
+    constexpr Act A = decltype(act)::value;
+    if (e.z) {
+      fn([a, b](const T* src, T bias, const T* z, T* dst, int64_t n) { epilogue_row<A, true, T>(src, bias, z, dst, n, a, b); });
+    } else {
+      fn([a, b](const T* src, T bias, const T*, T* dst, int64_t n) { epilogue_row<A, false, T>(src, bias, nullptr, dst, n, a, b); });
+    }
+  };
+  switch (e.act) {
+    case Act::None: return pick(std::integral_constant<Act, Act::None>{});
+    case Act::Relu: return pick(std::integral_constant<Act, Act::Relu>{});
+    case Act::LeakyRelu: return pick(std::integral_constant<Act, Act::LeakyRelu>{});
+    case Act::Clip: return pick(std::integral_constant<Act, Act::Clip>{});
+    case Act::Sigmoid: return pick(std::integral_constant<Act, Act::Sigmoid>{});
+    case Act::HardSigmoid: return pick(std::integral_constant<Act, Act::HardSigmoid>{});
+    case Act::Tanh: return pick(std::integral_constant<Act, Act::Tanh>{});
+    case Act::HardSwish: return pick(std::integral_constant<Act, Act::HardSwish>{});
+  }
+}
+
+// The epilogue as a separate pass over all of Y, for the convolution strategies that do not apply
+// it block by block.
+template <typename T>
+void apply_epilogue_all(ThreadPool& pool, const Epilogue& e, T* y, int64_t n) {
+  if (!e.active()) return;
+  const T* z = static_cast<const T*>(e.z);
+  with_epilogue<T>(e, [&](auto row) {
+    pool.parallel_for(n, 16384, [&](int64_t lo, int64_t hi) { row(y + lo, T(0), z ? z + lo : nullptr, y + lo, hi - lo); });
+  });
+}
+
+// Copies n floats; rows here are a few dozen elements, where a memcpy call costs as much as the copy.
+inline void copy_row(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+inline void copy_row(const double* src, double* dst, int64_t n) { std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(double)); }
+
 // col[(c, kd, kh, kw), (p - p0) * OW + ow] = X[c, od*s + kd*d - pad, oh*s + kh*d - pad, ow*s + kw*d - pad]
 // for output rows p = od * OH + oh in [p0, p1); zero where the window is in the padding.
+// Small feature maps make every copied row short, so the per-row work is kept free of divisions.
 template <typename T>
 void im2col(ThreadPool& pool, const T* x, int64_t channels, const Window3& g, int64_t p0, int64_t p1, T* col) {
   const int64_t OW = g.out[2], OH = g.out[1];
   const int64_t ld = (p1 - p0) * OW;
   const int64_t K = g.k_size();
   const int64_t in_plane = g.in_size();
+  const int64_t od0 = p0 / OH, oh0 = p0 % OH;
   pool.parallel_for(channels * K, std::max<int64_t>(1, 32768 / std::max<int64_t>(ld, 1)), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t c = r / K, kk = r % K;
@@ -69,30 +159,30 @@ void im2col(ThreadPool& pool, const T* x, int64_t channels, const Window3& g, in
       const T* xc = x + c * in_plane;
       T* dst = col + r * ld;
       const int64_t woff = kw * g.d[2] - g.pb[2];
+      const int64_t hoff = kh * g.d[1] - g.pb[1];
+      const int64_t doff = kd * g.d[0] - g.pb[0];
       const int64_t ow_lo = std::clamp<int64_t>(ceil_div(-woff, g.s[2]), 0, OW);
       const int64_t ow_hi = std::clamp<int64_t>(floor_div(g.in[2] - 1 - woff, g.s[2]) + 1, ow_lo, OW);
+      const int64_t run = ow_hi - ow_lo;
+      int64_t od = od0, oh = oh0;
       for (int64_t p = p0; p < p1; ++p, dst += OW) {
-        const int64_t od = p / OH, oh = p % OH;
-        const int64_t id = od * g.s[0] + kd * g.d[0] - g.pb[0];
-        const int64_t ih = oh * g.s[1] + kh * g.d[1] - g.pb[1];
+        const int64_t id = od * g.s[0] + doff;
+        const int64_t ih = oh * g.s[1] + hoff;
+        if (++oh == OH) {
+          oh = 0;
+          ++od;
+        }
         if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
-          std::fill(dst, dst + OW, T(0));
+          for (int64_t ow = 0; ow < OW; ++ow) dst[ow] = T(0);
           continue;
         }
         const T* src = xc + (id * g.in[1] + ih) * g.in[2] + woff;
-        // Border runs are a few elements: plain loops, not memset calls.
         for (int64_t ow = 0; ow < ow_lo; ++ow) dst[ow] = T(0);
-        bool done = false;
         if (g.s[2] == 1) {
-          std::memcpy(dst + ow_lo, src + ow_lo, static_cast<size_t>(ow_hi - ow_lo) * sizeof(T));
-          done = true;
-        } else if constexpr (std::is_same_v<T, float>) {
-          if (g.s[2] == 2) {
-            gather_stride2(src + 2 * ow_lo, dst + ow_lo, ow_hi - ow_lo);
-            done = true;
-          }
-        }
-        if (!done) {
+          copy_row(src + ow_lo, dst + ow_lo, run);
+        } else if (std::is_same_v<T, float> && g.s[2] == 2) {
+          if constexpr (std::is_same_v<T, float>) gather_stride2(src + 2 * ow_lo, dst + ow_lo, run);
+        } else {
           const int64_t s = g.s[2];
           for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] = src[ow * s];
         }
@@ -115,9 +205,176 @@ void run_tasks(ThreadPool& pool, int64_t tasks, bool spread, F fn) {
   }
 }
 
+// 2-D convolution without per-element im2col. The input of one (image, group) is copied once into
+// zero-padded planes, split by stride phase: plane (py, px) of channel c holds the padded input at
+// rows py, py + sy, ... and columns px, px + sx, ..., Wq = ceil(Wp / sx) wide. The window tap
+// (kh, kw) then reads, for every output position, the element at a fixed offset from it in one
+// such plane: phase (kh*dy % sy, kw*dx % sx), shift (kh*dy / sy) rows and (kw*dx / sx) columns. In
+// a flattened plane that shift is a constant, so each (c, kh, kw) row of the column matrix is one
+// contiguous slice, copied whole. (On small feature maps the plain im2col copies rows of a few
+// dozen elements whose loop overhead and mispredicted variable-length tails cost as much as the
+// GEMM.) The price: the GEMM also computes the Wq - OW columns per output row that straddle the
+// padding, dropped when the result is copied (with the bias) into Y; taken only while those are at
+// most kMaxWastedColumnShare of the useful ones.
+constexpr double kMaxWastedColumnShare = 0.3;
+
+struct PhasePlanes {
+  int64_t Hp, Wp;   // padded input
+  int64_t Hq, Wq;   // one phase plane
+  int64_t phases;   // sy * sx
+  int64_t plane;    // Hq * Wq
+  int64_t channel;  // phases * plane
+  int64_t slack;    // the last tap reads this far past the last plane
+  std::array<bool, 16> used{};  // phases some window tap reads (a 1x1 stride-2 kernel reads one of four)
+};
+
+PhasePlanes phase_planes(const Window3& g) {
+  PhasePlanes p{};
+  p.Hp = g.pb[1] + g.in[1] + g.pe[1];
+  p.Wp = g.pb[2] + g.in[2] + g.pe[2];
+  p.Hq = ceil_div(p.Hp, g.s[1]);
+  p.Wq = ceil_div(p.Wp, g.s[2]);
+  p.phases = g.s[1] * g.s[2];
+  p.plane = p.Hq * p.Wq;
+  p.channel = p.phases * p.plane;
+  p.slack = (g.k[2] - 1) * g.d[2] / g.s[2];
+  for (int64_t kh = 0; kh < g.k[1]; ++kh)
+    for (int64_t kw = 0; kw < g.k[2]; ++kw)
+      p.used[static_cast<size_t>((kh * g.d[1] % g.s[1]) * g.s[2] + kw * g.d[2] % g.s[2])] = true;
+  return p;
+}
+
+bool phase_planes_apply(const Window3& g) {
+  if (g.in[0] != 1 || g.k[0] != 1 || g.pb[0] != 0 || g.pe[0] != 0) return false;
+  if (g.s[1] > 4 || g.s[2] > 4) return false;  // phase planes would mostly hold skipped input
+  const PhasePlanes p = phase_planes(g);
+  return static_cast<double>(p.Wq - g.out[2]) <= kMaxWastedColumnShare * static_cast<double>(g.out[2]);
+}
+
 template <typename T>
-void conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G, const Window& win,
-                Tensor& y) {
+struct PhasePlanesScratch {
+  std::vector<T> planes, col, out;
+};
+
+template <typename T>
+PhasePlanesScratch<T>& phase_planes_scratch() {
+  // Kept per thread between calls for the same reason as the im2col buffer below.
+  thread_local PhasePlanesScratch<T> s;
+  return s;
+}
+
+// Writes the phase planes of input channels [c_lo, c_hi) (H x W planes at x) to dst.
+template <typename T>
+void fill_phase_planes(const T* x, int64_t c_lo, int64_t c_hi, const Window3& g, const PhasePlanes& p, T* dst) {
+  const int64_t H = g.in[1], W = g.in[2], sy = g.s[1], sx = g.s[2], Wq = p.Wq;
+  // Plane column q of phase px holds input column q*sx + px - pad; [q_lo, q_hi) of them are inside.
+  std::array<int64_t, 4> q_lo{}, q_hi{};
+  for (int64_t px = 0; px < sx; ++px) {
+    q_lo[px] = std::clamp<int64_t>(ceil_div(g.pb[2] - px, sx), 0, Wq);
+    q_hi[px] = std::clamp<int64_t>(floor_div(W - 1 + g.pb[2] - px, sx) + 1, q_lo[px], Wq);
+  }
+  for (int64_t c = c_lo; c < c_hi; ++c) {
+    T* ch = dst + c * p.channel;
+    const T* xc = x + c * H * W;
+    for (int64_t py = 0; py < sy; ++py) {
+      for (int64_t px = 0; px < sx; ++px) {
+        if (!p.used[static_cast<size_t>(py * sx + px)]) continue;
+        T* row = ch + (py * sx + px) * p.plane;
+        const int64_t lo = q_lo[px], hi = q_hi[px];
+        for (int64_t qy = 0, ih = py - g.pb[1]; qy < p.Hq; ++qy, ih += sy, row += Wq) {
+          if (ih < 0 || ih >= H) {
+            std::memset(row, 0, static_cast<size_t>(Wq) * sizeof(T));
+            continue;
+          }
+          const T* s0 = xc + ih * W + lo * sx + px - g.pb[2];
+          for (int64_t q = 0; q < lo; ++q) row[q] = T(0);
+          if (sx == 1) {
+            copy_row(s0, row + lo, hi - lo);
+          } else if (std::is_same_v<T, float> && sx == 2) {
+            if constexpr (std::is_same_v<T, float>) gather_stride2(s0, row + lo, hi - lo);
+          } else {
+            for (int64_t q = lo; q < hi; ++q) row[q] = s0[(q - lo) * sx];
+          }
+          for (int64_t q = hi; q < Wq; ++q) row[q] = T(0);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, T* yp, int64_t N, int64_t G, int64_t C,
+                       int64_t M, const Window3& g, bool spread, const Epilogue& epi) {
+  const int64_t Cg = C / G, Mg = M / G;
+  const int64_t OH = g.out[1], OW = g.out[2], S = OH * OW, Sin = g.in[1] * g.in[2];
+  const int64_t KW = g.k[2], K = g.k[1] * KW, CgK = Cg * K;
+  const PhasePlanes pp = phase_planes(g);
+  const int64_t Wq = pp.Wq;
+  const int64_t tile = std::clamp<int64_t>(
+      std::max(kColTileBytes / std::max<int64_t>(CgK * Wq * static_cast<int64_t>(sizeof(T)), 1), ceil_div(kMinTileCols, Wq)),
+      1, OH);
+
+  auto one_task = [&](int64_t t, ThreadPool* inner) {
+    const int64_t n = t / G, gi = t % G;
+    const T* xg = xp + (n * C + gi * Cg) * Sin;
+    const T* wg = wp + gi * Mg * CgK;
+    const T* bg = bp ? bp + gi * Mg : nullptr;
+    T* yg = yp + (n * M + gi * Mg) * S;
+    const T* zg = epi.z ? static_cast<const T*>(epi.z) + (n * M + gi * Mg) * S : nullptr;
+    PhasePlanesScratch<T>& s = phase_planes_scratch<T>();
+    auto reserve = [](std::vector<T>& v, int64_t n_elems) {
+      if (v.size() < static_cast<size_t>(n_elems)) v.resize(static_cast<size_t>(n_elems));
+      return v.data();
+    };
+    T* planes = reserve(s.planes, Cg * pp.channel + pp.slack);
+    T* col = reserve(s.col, CgK * tile * Wq);
+    T* out = reserve(s.out, Mg * tile * Wq);
+    auto for_range = [&](int64_t count, int64_t grain, auto fn) {
+      if (inner) {
+        inner->parallel_for(count, grain, fn);
+      } else {
+        fn(int64_t{0}, count);
+      }
+    };
+    for_range(Cg, 1, [&](int64_t lo, int64_t hi) { fill_phase_planes(xg, lo, hi, g, pp, planes); });
+    std::fill(planes + Cg * pp.channel, planes + Cg * pp.channel + pp.slack, T(0));
+    for (int64_t p0 = 0; p0 < OH; p0 += tile) {
+      const int64_t p1 = std::min(OH, p0 + tile);
+      const int64_t len = (p1 - p0) * Wq;
+      for_range(CgK, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const int64_t c = r / K, ty = (r % K) / KW * g.d[1], tx = r % KW * g.d[2];
+          const int64_t phase = (ty % g.s[1]) * g.s[2] + tx % g.s[2];
+          const T* src = planes + c * pp.channel + phase * pp.plane + (p0 + ty / g.s[1]) * Wq + tx / g.s[2];
+          std::memcpy(col + r * len, src, static_cast<size_t>(len) * sizeof(T));
+        }
+      });
+      blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
+      with_epilogue<T>(epi, [&](auto row) {
+        for_range(Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
+          for (int64_t m = lo; m < hi; ++m) {
+            const T b = bg ? bg[m] : T(0);
+            for (int64_t oh = p0; oh < p1; ++oh)
+              row(out + m * len + (oh - p0) * Wq, b, zg ? zg + m * S + oh * OW : nullptr, yg + m * S + oh * OW, OW);
+          }
+        });
+      });
+    }
+  };
+  const int64_t tasks = N * G;
+  if (spread && tasks > 1) {
+    pool.parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) one_task(t, nullptr);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) one_task(t, &pool);
+  }
+}
+
+// Computes Y; returns whether the epilogue was applied on the way (otherwise the caller applies it).
+template <typename T>
+bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G, const Window& win,
+                const Epilogue& epi, Tensor& y) {
   ThreadPool& pool = ctx.pool();
   const Window3 g = to_window3(win);
   const int64_t N = x.dim(0), C = x.dim(1), M = w.dim(0);
@@ -127,23 +384,28 @@ void conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
   const T* wp = w.data<T>();
   const T* bp = b ? b->data<T>() : nullptr;
   T* yp = y.data<T>();
-  if (N == 0 || M == 0 || S == 0) return;
+  if (N == 0 || M == 0 || S == 0) return true;
 
   if constexpr (std::is_same_v<T, float>) {
     if (Cg == 1 && G > 1 && win.rank() <= 2) {
       depthwise_conv2d(pool, xp, wp, bp, yp, N, C, Mg, g);
-      return;
+      return false;
     }
   }
 
-  prefill_bias(pool, yp, N * M, S, M, bp);
-  if (CgK == 0) return;  // no input channels: the bias alone
-  const T beta = bp ? T(1) : T(0);
   const int64_t tasks = N * G;
   const bool spread = blas_runs_single_threaded(Mg, S, CgK);
   bool pointwise = true;
   for (int d = 0; d < 3; ++d)
     if (g.k[d] != 1 || g.s[d] != 1 || g.pb[d] != 0 || g.pe[d] != 0) pointwise = false;
+  if (!pointwise && CgK > 0 && phase_planes_apply(g)) {
+    conv_phase_planes(pool, xp, wp, bp, yp, N, G, C, M, g, spread, epi);
+    return true;
+  }
+
+  prefill_bias(pool, yp, N * M, S, M, bp);
+  if (CgK == 0) return false;  // no input channels: the bias alone
+  const T beta = bp ? T(1) : T(0);
 
   if (pointwise) {
     run_tasks(pool, tasks, spread, [&](int64_t t) {
@@ -151,7 +413,7 @@ void conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
       blas_gemm(false, false, Mg, S, Cg, T(1), wp + gi * Mg * Cg, Cg, xp + (n * C + gi * Cg) * Sin, Sin, beta,
                 yp + (n * M + gi * Mg) * S, S);
     });
-    return;
+    return false;
   }
 
   // im2col + GEMM, tiled over output rows (od, oh).
@@ -188,6 +450,51 @@ void conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
     T* col = scratch();
     for (int64_t t = 0; t < tasks; ++t) one_task(t, col);
   }
+  return false;
+}
+
+Epilogue::Act activation_kind(const KernelContext& ctx, const std::string& name) {
+  using A = Epilogue::Act;
+  static const std::pair<const char*, A> kinds[] = {{"Relu", A::Relu},       {"LeakyRelu", A::LeakyRelu},
+                                                    {"Clip", A::Clip},       {"Sigmoid", A::Sigmoid},
+                                                    {"HardSigmoid", A::HardSigmoid}, {"Tanh", A::Tanh},
+                                                    {"HardSwish", A::HardSwish}};
+  for (const auto& [n, k] : kinds)
+    if (name == n) return k;
+  ctx.fail("activation '{}' is not one FusedConv supports (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh, HardSwish)",
+           name);
+}
+
+// FusedConv's activation attributes and Z input.
+Epilogue read_epilogue(const KernelContext& ctx, const Tensor& y_like, const Shape& yshape) {
+  Epilogue e;
+  const ir::Node& n = ctx.node();
+  if (n.op_type != "FusedConv") return e;
+  const std::string act = n.attr_string("activation", "");
+  std::vector<float> params = n.attr_floats("activation_params", {});
+  if (!act.empty()) {
+    e.act = activation_kind(ctx, act);
+    size_t want = 0;
+    if (e.act == Epilogue::Act::LeakyRelu) {
+      want = 1;
+      e.p0 = params.empty() ? 0.01f : params[0];
+    } else if (e.act == Epilogue::Act::HardSigmoid || e.act == Epilogue::Act::Clip) {
+      want = 2;
+      if (params.size() == 2) {
+        e.p0 = params[0];
+        e.p1 = params[1];
+      }
+    }
+    if (params.size() != want && !(e.act == Epilogue::Act::LeakyRelu && params.empty()))
+      ctx.fail("activation {} takes {} activation_params, got {}", act, want, params.size());
+  }
+  if (const Tensor* z = ctx.input_or_null(3)) {
+    if (z->dtype() != y_like.dtype() || z->shape() != yshape)
+      ctx.fail("Z is {}{} but the convolution's output is {}{}", dtype_name(z->dtype()), shape_str(z->shape()),
+               dtype_name(y_like.dtype()), shape_str(yshape));
+    e.z = z->raw_data();
+  }
+  return e;
 }
 
 void conv_kernel(KernelContext& ctx) {
@@ -206,18 +513,25 @@ void conv_kernel(KernelContext& ctx) {
   std::vector<int64_t> kernel = spatial(w);
   check_kernel_shape_attr(ctx, kernel);
   Window win = forward_window(ctx, spatial(x), kernel, false);
-  if (win.rank() > 3) {
-    WindowGeometry geo{kernel, win.strides, win.dilations, win.pads, G, false};
-    ctx.set_output(0, conv_ref(x, w, b, geo));
-    return;
-  }
   Shape yshape{x.dim(0), M};
   yshape.insert(yshape.end(), win.out.begin(), win.out.end());
+  const Epilogue epi = read_epilogue(ctx, x, yshape);
+  if (win.rank() > 3) {
+    WindowGeometry geo{kernel, win.strides, win.dilations, win.pads, G, false};
+    Tensor y = conv_ref(x, w, b, geo);
+    if (x.dtype() == DType::Float32)
+      apply_epilogue_all(ctx.pool(), epi, y.data<float>(), y.numel());
+    else
+      apply_epilogue_all(ctx.pool(), epi, y.data<double>(), y.numel());
+    ctx.set_output(0, std::move(y));
+    return;
+  }
   Tensor& y = ctx.alloc_output(0, x.dtype(), yshape);
-  if (x.dtype() == DType::Float32)
-    conv_typed<float>(ctx, x, w, b, G, win, y);
-  else
-    conv_typed<double>(ctx, x, w, b, G, win, y);
+  if (x.dtype() == DType::Float32) {
+    if (!conv_typed<float>(ctx, x, w, b, G, win, epi, y)) apply_epilogue_all(ctx.pool(), epi, y.data<float>(), y.numel());
+  } else {
+    if (!conv_typed<double>(ctx, x, w, b, G, win, epi, y)) apply_epilogue_all(ctx.pool(), epi, y.data<double>(), y.numel());
+  }
 }
 
 // ---------------------------------------------------------------- ConvTranspose
@@ -403,6 +717,8 @@ void register_conv(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
   r.add_fn("", "Conv", 1, kMaxOpset, cpu, conv_kernel);
   r.add_fn("", "ConvTranspose", 1, kMaxOpset, cpu, conv_transpose_kernel);
+  // Conv + residual Add + activation, produced by passes/fuse_conv_activation for `mpq run`.
+  r.add_fn("mpq", "FusedConv", 1, kMaxOpset, cpu, conv_kernel);
 }
 
 }  // namespace mpq::rt::cpu

@@ -1,0 +1,139 @@
+#include "passes/fuse_conv_activation.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "core/error.h"
+
+namespace mpq::passes {
+
+namespace {
+
+const char* const kActivations[] = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh", "HardSwish"};
+
+bool is_activation(const std::string& op) {
+  for (const char* a : kActivations)
+    if (op == a) return true;
+  return false;
+}
+
+bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
+
+// The Conv (or FusedConv that has no activation yet) producing `v` alone, or nullptr.
+ir::Node* fusable_conv(const ir::Model& model, const ir::Value* v, bool allow_z) {
+  if (!v || !v->producer() || v->is_graph_output() || consumer_count(model, v) != 1) return nullptr;
+  ir::Node* p = v->producer();
+  if (p->num_outputs() != 1) return nullptr;
+  const bool plain = p->domain.empty() && p->op_type == "Conv";
+  if (!plain && !is_fused_conv(*p)) return nullptr;
+  if (is_fused_conv(*p) && (p->has_attr("activation") || (!allow_z && p->input(3)))) return nullptr;
+  // float32 only: a float16 Conv rounds its output before the activation, which fusion would skip.
+  DType elem = v->type.is_tensor() ? v->type.elem : DType::Undefined;
+  if (elem == DType::Undefined) {
+    const Tensor* w = constant_value(p->input(1));
+    if (w) elem = w->dtype();
+  }
+  if (elem != DType::Float32) return nullptr;
+  return p;
+}
+
+bool same_known_shape(const ir::ValueType& a, const ir::ValueType& b) {
+  if (!a.is_tensor() || !b.is_tensor() || !a.has_shape || !b.has_shape || a.elem != b.elem) return false;
+  if (a.dims.size() != b.dims.size()) return false;
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    const auto& x = a.dims[i];
+    const auto& y = b.dims[i];
+    if (x.known() && y.known()) {
+      if (x.value != y.value) return false;
+    } else if (x.known() || y.known() || x.param.empty() || x.param != y.param) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Clip's bounds as constants (attributes before opset 11, optional inputs after); false when an
+// input bound is not a constant.
+bool clip_bounds(const ir::Node& clip, float& lo, float& hi) {
+  lo = -std::numeric_limits<float>::infinity();
+  hi = std::numeric_limits<float>::infinity();
+  if (clip.has_attr("min")) lo = clip.attr_float("min", lo);
+  if (clip.has_attr("max")) hi = clip.attr_float("max", hi);
+  for (size_t i = 1; i <= 2; ++i) {
+    const ir::Value* v = clip.input(i);
+    if (!v) continue;
+    const Tensor* t = constant_value(v);
+    if (!t || t->numel() != 1 || t->dtype() != DType::Float32) return false;
+    (i == 1 ? lo : hi) = t->data<float>()[0];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> FuseConvActivation::target_ops() const {
+  std::vector<std::string> ops{"Add"};
+  for (const char* a : kActivations) ops.emplace_back(a);
+  return ops;
+}
+
+bool FuseConvActivation::match(const ir::Model& model, const ir::Node& node) const {
+  if (!node.domain.empty() || node.num_outputs() != 1 || !node.output(0)) return false;
+  if (node.op_type == "Add") {
+    if (node.num_inputs() != 2) return false;
+    for (size_t i = 0; i < 2; ++i) {
+      ir::Node* conv = fusable_conv(model, node.input(i), false);
+      if (conv && node.input(1 - i) != node.input(i) &&
+          same_known_shape(node.input(1 - i)->type, node.input(i)->type))
+        return true;
+    }
+    return false;
+  }
+  if (!is_activation(node.op_type) || !fusable_conv(model, node.input(0), true)) return false;
+  if (node.op_type == "Clip") {
+    float lo = 0, hi = 0;
+    return clip_bounds(node, lo, hi);
+  }
+  return true;
+}
+
+void FuseConvActivation::apply(ir::Model& model, ir::Node& node, PassStats& stats) {
+  ir::Graph& g = *model.graph;
+  ir::Node* conv = nullptr;
+  if (node.op_type == "Add") {
+    const size_t ci = fusable_conv(model, node.input(0), false) && same_known_shape(node.input(1)->type, node.input(0)->type) &&
+                              node.input(1) != node.input(0)
+                          ? 0
+                          : 1;
+    conv = node.input(ci)->producer();
+    ir::Value* z = node.input(1 - ci);
+    if (conv->num_inputs() < 3) g.set_node_input(conv, 2, nullptr);
+    g.set_node_input(conv, 3, z);
+  } else {
+    conv = node.input(0)->producer();
+    std::vector<float> params;
+    if (node.op_type == "LeakyRelu") {
+      params = {node.attr_float("alpha", 0.01f)};
+    } else if (node.op_type == "HardSigmoid") {
+      params = {node.attr_float("alpha", 0.2f), node.attr_float("beta", 0.5f)};
+    } else if (node.op_type == "Clip") {
+      float lo = 0, hi = 0;
+      clip_bounds(node, lo, hi);
+      params = {lo, hi};
+    }
+    conv->set_attr(ir::Attribute::make_string("activation", node.op_type));
+    if (!params.empty()) conv->set_attr(ir::Attribute::make_floats("activation_params", params));
+  }
+  conv->op_type = kFusedConvOp;
+  conv->domain = kFusedConvDomain;
+  if (model.opset(kFusedConvDomain) == 0) model.set_opset(kFusedConvDomain, 1);
+  ir::Value* out = node.output(0);
+  const std::string what = node.label();
+  g.remove_node(&node);
+  g.set_node_output(conv, 0, out);
+  ++stats.changed;
+  stats.notes.push_back(fmt::format("fused {} into {}", what, conv->label()));
+}
+
+}  // namespace mpq::passes

@@ -1,0 +1,29 @@
+#pragma once
+#include "passes/pass.h"
+
+namespace mpq::passes {
+
+// Inference-time fusion for `mpq run` (as ONNX Runtime does at load time): a float32 Conv
+// followed by a residual Add and/or an activation becomes one mpq::FusedConv node,
+//   Y = activation(Conv(X, W, B) + Z),
+// so the convolution's epilogue does the work while its output is still in cache instead of
+// separate passes over memory. Activations: Relu, LeakyRelu, Clip (constant bounds), Sigmoid,
+// HardSigmoid, Tanh, HardSwish. Guarded: the Conv's (and Add's) output has exactly one consumer
+// and is not a graph output, and Z has the Conv output's shape. Never used where intermediate
+// tensors must stay observable (calibration, per-layer validation).
+class FuseConvActivation : public NodeRewritePass {
+ public:
+  std::string name() const override { return "fuse_conv_activation"; }
+  std::vector<std::string> target_ops() const override;
+
+ protected:
+  bool match(const ir::Model& model, const ir::Node& node) const override;
+  void apply(ir::Model& model, ir::Node& node, PassStats& stats) override;
+};
+
+// The domain and op type of the fused node, and the activations it accepts (attribute
+// "activation"; its parameters in "activation_params").
+inline constexpr const char* kFusedConvDomain = "mpq";
+inline constexpr const char* kFusedConvOp = "FusedConv";
+
+}  // namespace mpq::passes
