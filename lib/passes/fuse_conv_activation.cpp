@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -20,9 +21,10 @@ bool is_activation(const std::string& op) {
 
 bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
 
-// The Conv (or FusedConv that has no activation yet) producing `v` alone, or nullptr.
-ir::Node* fusable_conv(const ir::Model& model, const ir::Value* v, bool allow_z) {
-  if (!v || !v->producer() || v->is_graph_output() || consumer_count(model, v) != 1) return nullptr;
+// The Conv (or FusedConv that has no activation yet) producing `v`, read by `consumers` nodes, or
+// nullptr.
+ir::Node* fusable_conv(const ir::Model& model, const ir::Value* v, bool allow_z, size_t consumers = 1) {
+  if (!v || !v->producer() || v->is_graph_output() || consumer_count(model, v) != consumers) return nullptr;
   ir::Node* p = v->producer();
   if (p->num_outputs() != 1) return nullptr;
   const bool plain = p->domain.empty() && p->op_type == "Conv";
@@ -70,10 +72,23 @@ bool clip_bounds(const ir::Node& clip, float& lo, float& hi) {
   return true;
 }
 
+// For Mul(x, HardSigmoid(x)) with HardSigmoid's alpha = 1/6 and beta = 0.5 (how PyTorch exports
+// Hardswish before opset 14): the HardSigmoid node, else nullptr.
+ir::Node* hard_swish_gate(const ir::Model& model, const ir::Node& mul, size_t x_index) {
+  if (mul.num_inputs() != 2) return nullptr;
+  const ir::Value* x = mul.input(x_index);
+  const ir::Value* h = mul.input(1 - x_index);
+  if (!x || !h || !h->producer() || h->is_graph_output() || consumer_count(model, h) != 1) return nullptr;
+  ir::Node* hs = h->producer();
+  if (!hs->domain.empty() || hs->op_type != "HardSigmoid" || hs->input(0) != x) return nullptr;
+  if (std::fabs(hs->attr_float("alpha", 0.2f) - 1.0f / 6.0f) > 1e-6f || hs->attr_float("beta", 0.5f) != 0.5f) return nullptr;
+  return hs;
+}
+
 }  // namespace
 
 std::vector<std::string> FuseConvActivation::target_ops() const {
-  std::vector<std::string> ops{"Add"};
+  std::vector<std::string> ops{"Add", "Mul"};
   for (const char* a : kActivations) ops.emplace_back(a);
   return ops;
 }
@@ -88,6 +103,11 @@ bool FuseConvActivation::match(const ir::Model& model, const ir::Node& node) con
           same_known_shape(node.input(1 - i)->type, node.input(i)->type))
         return true;
     }
+    return false;
+  }
+  if (node.op_type == "Mul") {
+    for (size_t i = 0; i < node.num_inputs() && i < 2; ++i)
+      if (hard_swish_gate(model, node, i) && fusable_conv(model, node.input(i), true, 2)) return true;
     return false;
   }
   if (!is_activation(node.op_type) || !fusable_conv(model, node.input(0), true)) return false;
@@ -110,6 +130,11 @@ void FuseConvActivation::apply(ir::Model& model, ir::Node& node, PassStats& stat
     ir::Value* z = node.input(1 - ci);
     if (conv->num_inputs() < 3) g.set_node_input(conv, 2, nullptr);
     g.set_node_input(conv, 3, z);
+  } else if (node.op_type == "Mul") {
+    const size_t xi = hard_swish_gate(model, node, 0) && fusable_conv(model, node.input(0), true, 2) ? 0 : 1;
+    conv = node.input(xi)->producer();
+    g.remove_node(hard_swish_gate(model, node, xi));
+    conv->set_attr(ir::Attribute::make_string("activation", "HardSwish"));
   } else {
     conv = node.input(0)->producer();
     std::vector<float> params;

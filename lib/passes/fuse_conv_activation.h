@@ -8,7 +8,8 @@ namespace mpq::passes {
 //   Y = activation(Conv(X, W, B) + Z),
 // so the convolution's epilogue does the work while its output is still in cache instead of
 // separate passes over memory. Activations: Relu, LeakyRelu, Clip (constant bounds), Sigmoid,
-// HardSigmoid, Tanh, HardSwish. Guarded: the Conv's (and Add's) output has exactly one consumer
+// HardSigmoid, Tanh, HardSwish (also in its pre-opset-14 export form x * HardSigmoid(x) with
+// alpha 1/6, beta 0.5). Guarded: the Conv's (and Add's) output has exactly one consumer
 // and is not a graph output, and Z has the Conv output's shape. Never used where intermediate
 // tensors must stay observable (calibration, per-layer validation).
 class FuseConvActivation : public NodeRewritePass {

@@ -185,3 +185,35 @@ TEST_CASE("fuse_conv_bn then fuse_conv_activation on the exported ResNet", "[pas
   auto after = run(m, feeds);
   CHECK(test::rel_l2(after[0], before[0]) < 1e-5);
 }
+
+TEST_CASE("fuse_conv_activation recognises Hardswish exported as x * HardSigmoid(x)", "[passes][fuse]") {
+  for (float alpha : {1.0f / 6.0f, 0.2f}) {
+    INFO("alpha=" << alpha);
+    Model m;
+    m.set_opset("", 13);
+    Graph& g = *m.graph;
+    Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{1, 3, 5, 5}));
+    g.add_input(x);
+    Value* w = g.add_initializer("w", test::random_tensor({4, 3, 3, 3}, 1));
+    Value* c = g.add_value("c");
+    g.add_node("Conv", {x, w}, {c}, "conv")->set_attr(Attribute::make_ints("pads", {1, 1, 1, 1}));
+    Value* h = g.add_value("h");
+    g.add_node("HardSigmoid", {c}, {h}, "gate")->set_attr(Attribute::make_float("alpha", alpha));
+    Value* y = g.add_value("y");
+    g.add_node("Mul", {h, c}, {y}, "mul");
+    g.add_output(y);
+    rt::Feeds feeds{{"x", test::random_tensor({1, 3, 5, 5}, 2, -3.0f, 3.0f)}};
+    auto before = run(m, feeds);
+    passes::FuseConvActivation pass;
+    passes::run_pass(pass, m);
+    REQUIRE(verify(m).empty());
+    if (alpha == 1.0f / 6.0f) {
+      CHECK(m.graph->num_nodes() == 1);
+      CHECK(m.graph->nodes()[0]->attr_string("activation") == "HardSwish");
+    } else {
+      CHECK(m.graph->num_nodes() == 3);  // x * HardSigmoid(x) with another slope is not Hardswish
+    }
+    auto after = run(m, feeds);
+    CHECK(test::rel_l2(after[0], before[0]) < 1e-6);
+  }
+}

@@ -68,14 +68,24 @@ struct Epilogue {
   bool active() const { return act != Act::None || z != nullptr; }
 };
 
+// Branch-free (math::sel) so the row loops vectorise; compare-and-branch code mispredicts on
+// activations of both signs.
 template <Epilogue::Act A, typename T>
 inline T activate(T v, T a, T b) {
   using Act = Epilogue::Act;
-  if constexpr (A == Act::Relu) return v < T(0) ? T(0) : v;
-  if constexpr (A == Act::LeakyRelu) return v < T(0) ? a * v : v;
-  if constexpr (A == Act::Clip) return std::min(std::max(v, a), b);
-  if constexpr (A == Act::HardSigmoid) return std::min(std::max(a * v + b, T(0)), T(1));
-  if constexpr (A == Act::HardSwish) return v * std::min(std::max(v * static_cast<T>(1.0 / 6.0) + T(0.5), T(0)), T(1));
+  using math::sel;
+  if constexpr (A == Act::Relu) return sel(v < T(0), T(0), v);
+  if constexpr (A == Act::LeakyRelu) return sel(v < T(0), a * v, v);
+  if constexpr (A == Act::Clip) {
+    v = sel(v < a, a, v);
+    return sel(v > b, b, v);
+  }
+  if constexpr (A == Act::HardSigmoid || A == Act::HardSwish) {
+    T g = A == Act::HardSigmoid ? a * v + b : v * static_cast<T>(1.0 / 6.0) + T(0.5);
+    g = sel(g < T(0), T(0), g);
+    g = sel(g > T(1), T(1), g);
+    return A == Act::HardSigmoid ? g : v * g;
+  }
   if constexpr (A == Act::Sigmoid) {
     if constexpr (std::is_same_v<T, float>) return math::fast_sigmoid(v);
     else return T(1) / (T(1) + std::exp(-v));
@@ -313,22 +323,29 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
   const int64_t tile = std::clamp<int64_t>(
       std::max(kColTileBytes / std::max<int64_t>(CgK * Wq * static_cast<int64_t>(sizeof(T)), 1), ceil_div(kMinTileCols, Wq)),
       1, OH);
+  // When a whole image's column matrix fits the tile budget, several images share one GEMM: the
+  // weights are packed once for all of them and small feature maps make a wide enough GEMM.
+  int64_t images = 1;
+  if (tile == OH) {
+    images = std::clamp<int64_t>(kColTileBytes / std::max<int64_t>(CgK * OH * Wq * static_cast<int64_t>(sizeof(T)), 1), 1, N);
+    if (spread) images = std::min(images, ceil_div(N, static_cast<int64_t>(pool.size())));
+  }
+  const int64_t chunks = ceil_div(N, images);
 
   auto one_task = [&](int64_t t, ThreadPool* inner) {
-    const int64_t n = t / G, gi = t % G;
-    const T* xg = xp + (n * C + gi * Cg) * Sin;
+    const int64_t n0 = t / G * images, gi = t % G;
+    const int64_t ni = std::min(N, n0 + images) - n0;
     const T* wg = wp + gi * Mg * CgK;
     const T* bg = bp ? bp + gi * Mg : nullptr;
-    T* yg = yp + (n * M + gi * Mg) * S;
-    const T* zg = epi.z ? static_cast<const T*>(epi.z) + (n * M + gi * Mg) * S : nullptr;
+    const int64_t image_planes = Cg * pp.channel;
     PhasePlanesScratch<T>& s = phase_planes_scratch<T>();
     auto reserve = [](std::vector<T>& v, int64_t n_elems) {
       if (v.size() < static_cast<size_t>(n_elems)) v.resize(static_cast<size_t>(n_elems));
       return v.data();
     };
-    T* planes = reserve(s.planes, Cg * pp.channel + pp.slack);
-    T* col = reserve(s.col, CgK * tile * Wq);
-    T* out = reserve(s.out, Mg * tile * Wq);
+    T* planes = reserve(s.planes, ni * image_planes + pp.slack);
+    T* col = reserve(s.col, CgK * ni * tile * Wq);
+    T* out = reserve(s.out, Mg * ni * tile * Wq);
     auto for_range = [&](int64_t count, int64_t grain, auto fn) {
       if (inner) {
         inner->parallel_for(count, grain, fn);
@@ -336,32 +353,43 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
         fn(int64_t{0}, count);
       }
     };
-    for_range(Cg, 1, [&](int64_t lo, int64_t hi) { fill_phase_planes(xg, lo, hi, g, pp, planes); });
-    std::fill(planes + Cg * pp.channel, planes + Cg * pp.channel + pp.slack, T(0));
+    for_range(ni * Cg, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t u = lo; u < hi; ++u) {
+        const int64_t i = u / Cg, c = u % Cg;
+        fill_phase_planes(xp + ((n0 + i) * C + gi * Cg) * Sin, c, c + 1, g, pp, planes + i * image_planes);
+      }
+    });
+    // Windows of the last image's last channel read up to `slack` past it, into dropped columns.
+    std::fill(planes + ni * image_planes, planes + ni * image_planes + pp.slack, T(0));
     for (int64_t p0 = 0; p0 < OH; p0 += tile) {
       const int64_t p1 = std::min(OH, p0 + tile);
-      const int64_t len = (p1 - p0) * Wq;
-      for_range(CgK, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
+      const int64_t len = (p1 - p0) * Wq;  // columns per image
+      const int64_t cols = ni * len;
+      for_range(CgK, std::max<int64_t>(1, 32768 / cols), [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t c = r / K, ty = (r % K) / KW * g.d[1], tx = r % KW * g.d[2];
           const int64_t phase = (ty % g.s[1]) * g.s[2] + tx % g.s[2];
-          const T* src = planes + c * pp.channel + phase * pp.plane + (p0 + ty / g.s[1]) * Wq + tx / g.s[2];
-          std::memcpy(col + r * len, src, static_cast<size_t>(len) * sizeof(T));
+          const int64_t offset = c * pp.channel + phase * pp.plane + (p0 + ty / g.s[1]) * Wq + tx / g.s[2];
+          for (int64_t i = 0; i < ni; ++i)
+            std::memcpy(col + r * cols + i * len, planes + i * image_planes + offset, static_cast<size_t>(len) * sizeof(T));
         }
       });
-      blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
+      blas_gemm(false, false, Mg, cols, CgK, T(1), wg, CgK, col, cols, T(0), out, cols);
       with_epilogue<T>(epi, [&](auto row) {
-        for_range(Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
-          for (int64_t m = lo; m < hi; ++m) {
+        for_range(ni * Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
+          for (int64_t u = lo; u < hi; ++u) {
+            const int64_t i = u / Mg, m = u % Mg;
+            const int64_t y_off = ((n0 + i) * M + gi * Mg + m) * S;
+            const T* zrow = epi.z ? static_cast<const T*>(epi.z) + y_off : nullptr;
             const T b = bg ? bg[m] : T(0);
             for (int64_t oh = p0; oh < p1; ++oh)
-              row(out + m * len + (oh - p0) * Wq, b, zg ? zg + m * S + oh * OW : nullptr, yg + m * S + oh * OW, OW);
+              row(out + m * cols + i * len + (oh - p0) * Wq, b, zrow ? zrow + oh * OW : nullptr, yp + y_off + oh * OW, OW);
           }
         });
       });
     }
   };
-  const int64_t tasks = N * G;
+  const int64_t tasks = chunks * G;
   if (spread && tasks > 1) {
     pool.parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) one_task(t, nullptr);
