@@ -353,7 +353,7 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
         fn(int64_t{0}, count);
       }
     };
-    for_range(ni * Cg, 1, [&](int64_t lo, int64_t hi) {
+    for_range(ni * Cg, std::max<int64_t>(1, 16384 / pp.channel), [&](int64_t lo, int64_t hi) {
       for (int64_t u = lo; u < hi; ++u) {
         const int64_t i = u / Cg, c = u % Cg;
         fill_phase_planes(xp + ((n0 + i) * C + gi * Cg) * Sin, c, c + 1, g, pp, planes + i * image_planes);
