@@ -12,6 +12,9 @@
 #include "ir/onnx_io.h"
 #include "ir/onnx_tools.h"
 #include "ir/verify.h"
+#include "passes/fold_constants.h"
+#include "passes/fuse_conv_activation.h"
+#include "passes/fuse_conv_bn.h"
 #include "passes/pass.h"
 #include "runtime/devices.h"
 #include "runtime/executor.h"
@@ -51,8 +54,12 @@ int run_command(const RunOpts& o) {
     // Load-time fusion as ONNX Runtime does it: fewer passes over memory, same outputs (to float
     // rounding). Graph outputs are never fused away. Shapes (best effort) let a residual Add fuse.
     ir::infer_shapes(model);
-    for (const auto& stats : passes::run_passes(model, {"fold_constants", "fuse_conv_bn", "fuse_conv_activation"}))
-      for (const auto& note : stats.notes) spdlog::debug("{}", note);
+    // Float32 convolutions only: low-precision nodes run exactly as written, rounding included.
+    passes::FoldConstants fold;
+    passes::FuseConvBn fuse_bn(/*float32_only=*/true);
+    passes::FuseConvActivation fuse_act;
+    for (passes::Pass* pass : std::initializer_list<passes::Pass*>{&fold, &fuse_bn, &fuse_act})
+      for (const auto& note : passes::run_pass(*pass, model).notes) spdlog::debug("{}", note);
   }
   data::DataOptions dopts;
   dopts.max_feeds = o.max_samples;

@@ -55,6 +55,7 @@ bool FuseConvBn::match(const ir::Model& model, const ir::Node& bn) const {
   if (op != "Conv" && op != "ConvTranspose" && op != "Gemm" && op != "MatMul") return false;
   const Tensor* w = constant_value(prod.input(1));
   if (!w || !dtype_is_float(w->dtype())) return false;
+  if (float32_only_ && w->dtype() != DType::Float32) return false;
   int64_t channels = -1;
   if (op == "Conv") {
     channels = w->rank() >= 3 ? w->dim(0) : -1;

@@ -10,12 +10,18 @@ namespace mpq::passes {
 // Weights shared with other nodes are copied, never changed in place.
 class FuseConvBn : public NodeRewritePass {
  public:
+  // float32_only: leave float16/bfloat16 producers alone (`mpq run` executes those exactly as
+  // written, rounding included, to show what low-precision hardware would compute).
+  explicit FuseConvBn(bool float32_only = false) : float32_only_(float32_only) {}
   std::string name() const override { return "fuse_conv_bn"; }
   std::vector<std::string> target_ops() const override { return {"BatchNormalization"}; }
 
  protected:
   bool match(const ir::Model& model, const ir::Node& bn) const override;
   void apply(ir::Model& model, ir::Node& bn, PassStats& stats) override;
+
+ private:
+  bool float32_only_;
 };
 
 }  // namespace mpq::passes
