@@ -85,6 +85,22 @@ ir::Node* hard_swish_gate(const ir::Model& model, const ir::Node& mul, size_t x_
   return hs;
 }
 
+// Index (0 or 1) of the Add input whose Conv can take the other input as its residual Z, or -1.
+int residual_conv_input(const ir::Model& model, const ir::Node& add) {
+  if (add.num_inputs() != 2 || add.input(0) == add.input(1)) return -1;
+  for (size_t i = 0; i < 2; ++i)
+    if (fusable_conv(model, add.input(i), false) && same_known_shape(add.input(1 - i)->type, add.input(i)->type))
+      return static_cast<int>(i);
+  return -1;
+}
+
+// Index (0 or 1) of x in a Mul(x, HardSigmoid(x)) whose x is a fusable Conv's output, or -1.
+int hard_swish_conv_input(const ir::Model& model, const ir::Node& mul) {
+  for (size_t i = 0; i < mul.num_inputs() && i < 2; ++i)
+    if (hard_swish_gate(model, mul, i) && fusable_conv(model, mul.input(i), true, 2)) return static_cast<int>(i);
+  return -1;
+}
+
 }  // namespace
 
 std::vector<std::string> FuseConvActivation::target_ops() const {
@@ -95,21 +111,8 @@ std::vector<std::string> FuseConvActivation::target_ops() const {
 
 bool FuseConvActivation::match(const ir::Model& model, const ir::Node& node) const {
   if (!node.domain.empty() || node.num_outputs() != 1 || !node.output(0)) return false;
-  if (node.op_type == "Add") {
-    if (node.num_inputs() != 2) return false;
-    for (size_t i = 0; i < 2; ++i) {
-      ir::Node* conv = fusable_conv(model, node.input(i), false);
-      if (conv && node.input(1 - i) != node.input(i) &&
-          same_known_shape(node.input(1 - i)->type, node.input(i)->type))
-        return true;
-    }
-    return false;
-  }
-  if (node.op_type == "Mul") {
-    for (size_t i = 0; i < node.num_inputs() && i < 2; ++i)
-      if (hard_swish_gate(model, node, i) && fusable_conv(model, node.input(i), true, 2)) return true;
-    return false;
-  }
+  if (node.op_type == "Add") return residual_conv_input(model, node) >= 0;
+  if (node.op_type == "Mul") return hard_swish_conv_input(model, node) >= 0;
   if (!is_activation(node.op_type) || !fusable_conv(model, node.input(0), true)) return false;
   if (node.op_type == "Clip") {
     float lo = 0, hi = 0;
@@ -122,16 +125,13 @@ void FuseConvActivation::apply(ir::Model& model, ir::Node& node, PassStats& stat
   ir::Graph& g = *model.graph;
   ir::Node* conv = nullptr;
   if (node.op_type == "Add") {
-    const size_t ci = fusable_conv(model, node.input(0), false) && same_known_shape(node.input(1)->type, node.input(0)->type) &&
-                              node.input(1) != node.input(0)
-                          ? 0
-                          : 1;
+    const auto ci = static_cast<size_t>(residual_conv_input(model, node));
     conv = node.input(ci)->producer();
     ir::Value* z = node.input(1 - ci);
     if (conv->num_inputs() < 3) g.set_node_input(conv, 2, nullptr);
     g.set_node_input(conv, 3, z);
   } else if (node.op_type == "Mul") {
-    const size_t xi = hard_swish_gate(model, node, 0) && fusable_conv(model, node.input(0), true, 2) ? 0 : 1;
+    const auto xi = static_cast<size_t>(hard_swish_conv_input(model, node));
     conv = node.input(xi)->producer();
     g.remove_node(hard_swish_gate(model, node, xi));
     conv->set_attr(ir::Attribute::make_string("activation", "HardSwish"));

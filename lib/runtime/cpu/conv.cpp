@@ -323,26 +323,25 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
   const int64_t tile = std::clamp<int64_t>(
       std::max(kColTileBytes / std::max<int64_t>(CgK * Wq * static_cast<int64_t>(sizeof(T)), 1), ceil_div(kMinTileCols, Wq)),
       1, OH);
-  // One image per GEMM. Letting several small images share one GEMM (weights packed once) was ~5%
-  // faster on 28x28 maps, but the changed summation order flipped enough round-half ties in a
-  // uint8 QDQ U-Net's requantization to push its agreement with ONNX Runtime past 1e-3 rel-L2.
-  const int64_t images = 1;
-  const int64_t chunks = ceil_div(N, images);
-
+  // One GEMM per (image, group). Letting several small images share one GEMM (weights packed once)
+  // was ~5% faster on 28x28 maps, but the changed summation order flipped enough round-half ties
+  // in a uint8 QDQ U-Net's requantization to push its agreement with ONNX Runtime past 1e-3 rel-L2.
   auto one_task = [&](int64_t t, ThreadPool* inner) {
-    const int64_t n0 = t / G * images, gi = t % G;
-    const int64_t ni = std::min(N, n0 + images) - n0;
+    const int64_t n = t / G, gi = t % G;
+    const T* xg = xp + (n * C + gi * Cg) * Sin;
     const T* wg = wp + gi * Mg * CgK;
     const T* bg = bp ? bp + gi * Mg : nullptr;
+    T* yg = yp + (n * M + gi * Mg) * S;
+    const T* zg = epi.z ? static_cast<const T*>(epi.z) + (n * M + gi * Mg) * S : nullptr;
     const int64_t image_planes = Cg * pp.channel;
     PhasePlanesScratch<T>& s = phase_planes_scratch<T>();
     auto reserve = [](std::vector<T>& v, int64_t n_elems) {
       if (v.size() < static_cast<size_t>(n_elems)) v.resize(static_cast<size_t>(n_elems));
       return v.data();
     };
-    T* planes = reserve(s.planes, ni * image_planes + pp.slack);
-    T* col = reserve(s.col, CgK * ni * tile * Wq);
-    T* out = reserve(s.out, Mg * ni * tile * Wq);
+    T* planes = reserve(s.planes, image_planes + pp.slack);
+    T* col = reserve(s.col, CgK * tile * Wq);
+    T* out = reserve(s.out, Mg * tile * Wq);
     auto for_range = [&](int64_t count, int64_t grain, auto fn) {
       if (inner) {
         inner->parallel_for(count, grain, fn);
@@ -350,43 +349,34 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
         fn(int64_t{0}, count);
       }
     };
-    for_range(ni * Cg, std::max<int64_t>(1, 16384 / pp.channel), [&](int64_t lo, int64_t hi) {
-      for (int64_t u = lo; u < hi; ++u) {
-        const int64_t i = u / Cg, c = u % Cg;
-        fill_phase_planes(xp + ((n0 + i) * C + gi * Cg) * Sin, c, c + 1, g, pp, planes + i * image_planes);
-      }
-    });
-    // Windows of the last image's last channel read up to `slack` past it, into dropped columns.
-    std::fill(planes + ni * image_planes, planes + ni * image_planes + pp.slack, T(0));
+    for_range(Cg, std::max<int64_t>(1, 16384 / pp.channel),
+              [&](int64_t lo, int64_t hi) { fill_phase_planes(xg, lo, hi, g, pp, planes); });
+    // Windows of the last channel read up to `slack` past it, into dropped columns.
+    std::fill(planes + image_planes, planes + image_planes + pp.slack, T(0));
     for (int64_t p0 = 0; p0 < OH; p0 += tile) {
       const int64_t p1 = std::min(OH, p0 + tile);
-      const int64_t len = (p1 - p0) * Wq;  // columns per image
-      const int64_t cols = ni * len;
-      for_range(CgK, std::max<int64_t>(1, 32768 / cols), [&](int64_t lo, int64_t hi) {
+      const int64_t len = (p1 - p0) * Wq;
+      for_range(CgK, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t c = r / K, ty = (r % K) / KW * g.d[1], tx = r % KW * g.d[2];
           const int64_t phase = (ty % g.s[1]) * g.s[2] + tx % g.s[2];
-          const int64_t offset = c * pp.channel + phase * pp.plane + (p0 + ty / g.s[1]) * Wq + tx / g.s[2];
-          for (int64_t i = 0; i < ni; ++i)
-            std::memcpy(col + r * cols + i * len, planes + i * image_planes + offset, static_cast<size_t>(len) * sizeof(T));
+          const T* src = planes + c * pp.channel + phase * pp.plane + (p0 + ty / g.s[1]) * Wq + tx / g.s[2];
+          std::memcpy(col + r * len, src, static_cast<size_t>(len) * sizeof(T));
         }
       });
-      blas_gemm(false, false, Mg, cols, CgK, T(1), wg, CgK, col, cols, T(0), out, cols);
+      blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
       with_epilogue<T>(epi, [&](auto row) {
-        for_range(ni * Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
-          for (int64_t u = lo; u < hi; ++u) {
-            const int64_t i = u / Mg, m = u % Mg;
-            const int64_t y_off = ((n0 + i) * M + gi * Mg + m) * S;
-            const T* zrow = epi.z ? static_cast<const T*>(epi.z) + y_off : nullptr;
+        for_range(Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
+          for (int64_t m = lo; m < hi; ++m) {
             const T b = bg ? bg[m] : T(0);
             for (int64_t oh = p0; oh < p1; ++oh)
-              row(out + m * cols + i * len + (oh - p0) * Wq, b, zrow ? zrow + oh * OW : nullptr, yp + y_off + oh * OW, OW);
+              row(out + m * len + (oh - p0) * Wq, b, zg ? zg + m * S + oh * OW : nullptr, yg + m * S + oh * OW, OW);
           }
         });
       });
     }
   };
-  const int64_t tasks = chunks * G;
+  const int64_t tasks = N * G;
   if (spread && tasks > 1) {
     pool.parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) one_task(t, nullptr);
