@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 #include "calib/qparams.h"
@@ -54,8 +55,6 @@ class ScaleGroups {
 bool is_anchor_op(const std::string& op) {
   return op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul";
 }
-
-std::string base_name(const Value* v) { return v->name(); }
 
 }  // namespace
 
@@ -282,13 +281,29 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
 
   // ---- 4. activation Q/DQ pairs
   std::unordered_map<const Node*, calib::QParams> anchor_input_q;  // scale of each anchor's input 0
-  auto make_pair = [&](Value* input, Value* dq_out, const calib::QParams& q, const std::string& base) {
-    Value* scale = g.add_initializer(g.unique_name(base + "_scale"), Tensor::scalar<float>(q.scale));
-    Tensor zp_t = q.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(q.zero_point))
-                                          : Tensor::scalar<int8_t>(static_cast<int8_t>(q.zero_point));
-    Value* zp = g.add_initializer(g.unique_name(base + "_zero_point"), zp_t);
+  // Generated tensors get short numbered names (s7 scale, q7 integer tensor, dq7 its dequantized
+  // float) instead of "<original>_scale" and so on: torch-exported activation names run to 40
+  // characters and each pair repeats its name about ten times, which made names a quarter of a
+  // small MobileNet's INT8 file. The graph still shows which tensor each pair quantizes (the
+  // QuantizeLinear input keeps its original name; weights feed their named node).
+  int next_id = 0;
+  auto fresh = [&](const char* prefix, int id) { return g.unique_name(fmt::format("{}{}", prefix, id)); };
+  // One zero-point initializer per (type, value): with int8 activations every pair shares "zp0".
+  std::map<std::pair<DType, int32_t>, Value*> zero_points;
+  auto zero_point_of = [&](const calib::QParams& q) {
+    Value*& zp = zero_points[{q.dtype, q.zero_point}];
+    if (!zp) {
+      Tensor zp_t = q.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(q.zero_point))
+                                            : Tensor::scalar<int8_t>(static_cast<int8_t>(q.zero_point));
+      zp = g.add_initializer(fresh("zp", static_cast<int>(zero_points.size()) - 1), zp_t);
+    }
+    return zp;
+  };
+  auto make_pair = [&](Value* input, Value* dq_out, const calib::QParams& q, int id) {
+    Value* scale = g.add_initializer(fresh("s", id), Tensor::scalar<float>(q.scale));
+    Value* zp = zero_point_of(q);
     // New intermediate values carry no declared type: value_info would only grow the file.
-    Value* qv = g.add_value(g.unique_name(base + "_quantized"));
+    Value* qv = g.add_value(fresh("q", id));
     g.add_node("QuantizeLinear", {input, scale, zp}, {qv});  // unnamed: node names are optional and only grow the file
     g.add_node("DequantizeLinear", {qv, scale, zp}, {dq_out});
     ++rep.activation_pairs;
@@ -298,14 +313,15 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     calib::QParams q = qparams_of(v);
     Node* prod = v->producer();
     const int idx = v->producer_index();
-    Value* pre = g.add_value(g.unique_name(base_name(v) + "_float"), v->type);
+    Value* pre = g.add_value(g.unique_name(v->name() + "_float"), v->type);
     g.set_node_output(prod, static_cast<size_t>(idx), pre);
-    make_pair(pre, v, q, base_name(v));
+    make_pair(pre, v, q, next_id++);
   }
   for (Value* v : order) {
     calib::QParams q = qparams_of(v);
-    Value* dq = g.add_value(g.unique_name(base_name(v) + "_dequantized"));
-    make_pair(v, dq, q, base_name(v));
+    const int id = next_id++;
+    Value* dq = g.add_value(fresh("dq", id));
+    make_pair(v, dq, q, id);
     for (const auto& [consumer, index] : rewire[v]) {
       g.set_node_input(consumer, index, dq);
       if (index == 0 && anchor_set.count(consumer)) anchor_input_q[consumer] = q;
@@ -323,11 +339,12 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     auto it = weight_cache.find(key);
     if (it == weight_cache.end()) {
       QuantizedWeight qw = quantize_weight(*constant_value(w), axis, o.reduce_range ? 63 : 127);
-      Value* wq = g.add_initializer(g.unique_name(w->name() + "_quantized"), qw.values);
-      Value* ws = g.add_initializer(g.unique_name(w->name() + "_scale"), qw.scales);
+      const int id = next_id++;
+      Value* wq = g.add_initializer(fresh("q", id), qw.values);
+      Value* ws = g.add_initializer(fresh("s", id), qw.scales);
       // Symmetric weights: the zero point is 0, which is DequantizeLinear's default for an absent
       // zero point of an int8 input; leaving it out keeps conv-net files near a quarter of FP32.
-      Value* wdq = g.add_value(g.unique_name(w->name() + "_dequantized"));
+      Value* wdq = g.add_value(fresh("dq", id));
       Node* dq = g.add_node("DequantizeLinear", {wq, ws}, {wdq});
       if (axis >= 0) dq->set_attr(Attribute::make_int("axis", axis));
       it = weight_cache.emplace(key, std::make_pair(wdq, qw.scale_list)).first;
@@ -354,10 +371,10 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
       rep.notes.push_back(fmt::format("{}: bias kept in float (int32 would overflow at this scale)", n->label()));
       continue;
     }
-    const std::string base = n->input(2)->name();
-    Value* bqv = g.add_initializer(g.unique_name(base + "_quantized"), Tensor::from<int32_t>({channels}, bq));
-    Value* bsv = g.add_initializer(g.unique_name(base + "_scale"), Tensor::from<float>({channels}, bscale));
-    Value* bdq = g.add_value(g.unique_name(base + "_dequantized"));
+    const int id = next_id++;
+    Value* bqv = g.add_initializer(fresh("q", id), Tensor::from<int32_t>({channels}, bq));
+    Value* bsv = g.add_initializer(fresh("s", id), Tensor::from<float>({channels}, bscale));
+    Value* bdq = g.add_value(fresh("dq", id));
     Node* dq = g.add_node("DequantizeLinear", {bqv, bsv}, {bdq});  // int32 zero point: 0, the default
     dq->set_attr(Attribute::make_int("axis", 0));
     g.set_node_input(n, 2, bdq);

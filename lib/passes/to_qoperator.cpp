@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "calib/qparams.h"
 #include "core/error.h"
 #include "passes/pass.h"
@@ -26,6 +28,7 @@ Node* dq_of(const Value* v) {
 int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& o) {
   Graph& g = *model.graph;
   int converted = 0;
+  std::map<DType, Value*> zero_weight_points;  // one shared 0 per integer type
   std::vector<Node*> candidates;
   for (const auto& n : g.nodes())
     if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "MatMul")) candidates.push_back(n.get());
@@ -46,22 +49,25 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
     }
     calib::QParams yq = o.activation_type == "int8" ? calib::symmetric_int8(yc->amax)
                                                     : calib::asymmetric_uint8(yc->min, yc->max);
-    const std::string base = y->name();
-    Value* ys = g.add_initializer(g.unique_name(base + "_scale"), Tensor::scalar<float>(yq.scale));
+    // Short numbered names, as insert_qdq gives its tensors (see there for why).
+    const int id = converted;
+    Value* ys = g.add_initializer(g.unique_name(fmt::format("ys{}", id)), Tensor::scalar<float>(yq.scale));
     Tensor zp = yq.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(yq.zero_point))
                                          : Tensor::scalar<int8_t>(static_cast<int8_t>(yq.zero_point));
-    Value* yz = g.add_initializer(g.unique_name(base + "_zero_point"), zp);
-    Value* yqv = g.add_value(g.unique_name(base + "_quantized"));
+    Value* yz = g.add_initializer(g.unique_name(fmt::format("yzp{}", id)), zp);
+    Value* yqv = g.add_value(g.unique_name(fmt::format("yq{}", id)));
     // QLinearConv/QLinearMatMul need every zero point; QDQ export leaves the weights' (0) out.
     auto zero_point_of = [&](Node* dq) -> Value* {
       if (dq->input(2)) return dq->input(2);
       DType t = dq->input(0)->type.elem == DType::UInt8 ? DType::UInt8 : DType::Int8;
-      return g.add_initializer(g.unique_name(dq->input(0)->name() + "_zero_point"), Tensor::zeros(t, {}));
+      Value*& zero = zero_weight_points[t];
+      if (!zero) zero = g.add_initializer(g.unique_name(fmt::format("wzp{}", zero_weight_points.size() - 1)), Tensor::zeros(t, {}));
+      return zero;
     };
     std::vector<Value*> ins = {dx->input(0), dx->input(1), zero_point_of(dx), dw->input(0), dw->input(1), zero_point_of(dw), ys, yz};
     if (bias_q) ins.push_back(bias_q);
     const std::string op = n->op_type == "Conv" ? "QLinearConv" : "QLinearMatMul";
-    std::string name = n->name.empty() ? g.unique_name(base + "_" + op) : n->name;
+    std::string name = n->name.empty() ? g.unique_name(fmt::format("{}_{}", y->name(), op)) : n->name;
     std::vector<ir::Attribute> attrs = n->attributes;
     g.remove_node(n);
     Node* q = g.add_node(op, ins, {yqv}, name);
