@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): time and peak memory of `mpq quantize` against ONNX Runtime's quantize_static.
+
+    bench_quantize.py [--mpq build/apps/mpq/mpq] [--models resnet,mobilenet,vit] [--calib-count 512]
+                      [--repeat 3]
+
+Same inputs as scripts/bench_accuracy.py: the Fashion-MNIST classifiers of tests/models/fashion and
+`calib-count` training images (seeded shuffle), one single-image feed each. Every quantization runs
+in its own process under GNU time (wall time, peak RSS); the tools alternate and the best of
+`--repeat` runs is kept. ORT: QDQ, per-channel, QUInt8 activations, reduce_range; its figures
+include starting Python and importing onnxruntime. Needs numpy, onnx, onnxruntime and /usr/bin/time.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from fashion_data import load  # noqa: E402
+
+MPQ_METHODS = ["minmax", "entropy", "percentile"]
+ORT_METHODS = ["MinMax", "Entropy", "Percentile"]
+
+ORT_CHILD = r"""
+import sys, numpy as np
+from onnxruntime.quantization import quantize_static, CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
+model, calib, out, method = sys.argv[1:5]
+x = np.load(calib)
+class Reader(CalibrationDataReader):
+    def __init__(self): self.i = 0
+    def get_next(self):
+        if self.i >= len(x): return None
+        self.i += 1
+        return {"input": x[self.i - 1:self.i]}
+quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                calibrate_method=getattr(CalibrationMethod, method), reduce_range=True)
+"""
+
+
+def timed(cmd):
+    """(wall seconds, peak RSS MiB) of one child process."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        t0 = time.perf_counter()
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name] + cmd, capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:3])}... failed: {p.stderr.strip()[-600:]}")
+        return secs, float(tf.read().split()[-1]) / 1024.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mpq", default=os.path.join(ROOT, "build/apps/mpq/mpq"))
+    ap.add_argument("--models", default="resnet,mobilenet,vit")
+    ap.add_argument("--calib-count", type=int, default=512)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    train_x, _ = load("train", count=60000)
+    calib = train_x[np.random.default_rng(0).permutation(len(train_x))[: args.calib_count]]
+    with tempfile.TemporaryDirectory() as tmp:
+        calib_dir = os.path.join(tmp, "calib")
+        os.makedirs(calib_dir)
+        for i, img in enumerate(calib):
+            np.save(os.path.join(calib_dir, f"img_{i:04d}.npy"), img[None])
+        calib_npy = os.path.join(tmp, "calib.npy")
+        np.save(calib_npy, calib)
+        out = os.path.join(tmp, "q.onnx")
+        print(f"{args.calib_count} calibration feeds, best of {args.repeat}; load average {os.getloadavg()[0]:.2f}")
+        print("| model | " + " | ".join([f"mpq {m}" for m in MPQ_METHODS] + [f"ORT {m}" for m in ORT_METHODS]) + " |")
+        print("| --- " * (1 + len(MPQ_METHODS) + len(ORT_METHODS)) + "|")
+        for name in args.models.split(","):
+            model = os.path.join(ROOT, "tests/models/fashion", f"fashion_{name}.onnx")
+            best = {}
+            for _ in range(args.repeat):
+                runs = [(f"mpq {m}", [args.mpq, "quantize", model, "--data", calib_dir, "--method", m, "-o", out])
+                        for m in MPQ_METHODS]
+                runs += [(f"ORT {m}", [sys.executable, "-c", ORT_CHILD, model, calib_npy, out, m]) for m in ORT_METHODS]
+                for key, cmd in runs:
+                    s, rss = timed(cmd)
+                    if key not in best or s < best[key][0]:
+                        best[key] = (s, rss)
+            cells = [f"{best[k][0]:.2f} s, {best[k][1]:.1f} MiB" for k in
+                     [f"mpq {m}" for m in MPQ_METHODS] + [f"ORT {m}" for m in ORT_METHODS]]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+            for m, o in zip(MPQ_METHODS, ORT_METHODS):
+                (ms, mr), (os_, orss) = best[f"mpq {m}"], best[f"ORT {o}"]
+                print(f"    {m}: mpq/ORT time {ms / os_:.2f}x, memory {100 * mr / orss:.0f}%")
+        print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
