@@ -8,8 +8,8 @@ FP32 (default): every tests/models/*.onnx with a *_data feed folder (random inpu
 within relative L2 1e-5 of ONNX Runtime's and have identical argmax.
 
 --int8: each of those models is quantized by `mpq quantize` (entropy calibration on its own feeds,
-or on calib_data/calib for the Fashion models), once with int8 activations and once with uint8
-activations and 7-bit weights (--reduce-range); the INT8 model must pass the ONNX checker, load in
+or on calib_data/calib for the Fashion models), with int8 activations, with uint8 activations and
+7-bit weights (--reduce-range), and with int8 activations and per-tensor weights; the INT8 model must pass the ONNX checker, load in
 ONNX Runtime, and agree with it: ORT evaluating the QDQ graph as written, relative L2 over all feeds
 <= 1e-3 and identical argmax (class axis 1 for NCHW maps; near-ties closer than twice the
 engines' difference at that position excepted) (5e-3 on the real Fashion-MNIST images: their constant backgrounds put
@@ -141,24 +141,25 @@ def main():
                 failures += not ok
                 continue
             # int8: TensorRT's convention; uint8 + 7-bit weights: what ONNX Runtime's CPU kernels
-            # need on x86 without VNNI.
-            for act, flags in (("int8", []), ("uint8", ["--reduce-range"])):
-                q = os.path.join(tmp, f"{os.path.basename(model)[:-5]}.{act}.onnx")
+            # need on x86 without VNNI; per-tensor weights (scalar weight and bias scales).
+            for label, act, flags in (("int8", "int8", []), ("uint8", "uint8", ["--reduce-range"]),
+                                      ("int8-per-tensor", "int8", ["--per-tensor"])):
+                q = os.path.join(tmp, f"{os.path.basename(model)[:-5]}.{label}.onnx")
                 r = run([args.mpq, "quantize", model, "--data", calib, "-o", q, "--activation-type", act] + flags)
                 if r.returncode != 0:
-                    print(f"FAIL {act} {name}: quantize failed: {r.stderr.strip()}")
+                    print(f"FAIL {label} {name}: quantize failed: {r.stderr.strip()}")
                     failures += 1
                     continue
                 try:
                     onnx.checker.check_model(onnx.load(q))
                 except Exception as e:  # the checker raises ValidationError
-                    print(f"FAIL {act} {name}: ONNX checker: {str(e).splitlines()[0]}")
+                    print(f"FAIL {label} {name}: ONNX checker: {str(e).splitlines()[0]}")
                     failures += 1
                     continue
-                outdir = os.path.join(tmp, f"out_{act}_{os.path.basename(model)}")
+                outdir = os.path.join(tmp, f"out_{label}_{os.path.basename(model)}")
                 r = run([args.mpq, "run", q, "--data", data, "--outputs", outdir])
                 if r.returncode != 0:
-                    print(f"FAIL {act} {name}: mpq run failed: {r.stderr.strip()}")
+                    print(f"FAIL {label} {name}: mpq run failed: {r.stderr.strip()}")
                     failures += 1
                     continue
                 total, worst, argmax_ok = ort_gap(q, data, outdir, optimized=False)
@@ -169,7 +170,7 @@ def main():
                     f_total, f_worst, f_argmax = ort_gap(q, data, outdir, optimized=True)
                     msg += (f"; vs ORT's fused int8 kernels: rel-L2 {f_total:.2e} (worst feed {f_worst:.2e}), "
                             f"argmax {'identical' if f_argmax else 'differs'}")
-                print(f"{'OK  ' if ok else 'FAIL'} {act} {name}: {msg}")
+                print(f"{'OK  ' if ok else 'FAIL'} {label} {name}: {msg}")
                 failures += not ok
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
     return 1 if failures else 0

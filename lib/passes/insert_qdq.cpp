@@ -373,10 +373,13 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     }
     const int id = next_id++;
     Value* bqv = g.add_initializer(fresh("q", id), Tensor::from<int32_t>({channels}, bq));
-    Value* bsv = g.add_initializer(fresh("s", id), Tensor::from<float>({channels}, bscale));
+    // Per-tensor weights give every channel the same bias scale: store it once.
+    const bool one_scale = ws.size() == 1;
+    Value* bsv = g.add_initializer(fresh("s", id), one_scale ? Tensor::scalar<float>(bscale[0])
+                                                              : Tensor::from<float>({channels}, bscale));
     Value* bdq = g.add_value(fresh("dq", id));
     Node* dq = g.add_node("DequantizeLinear", {bqv, bsv}, {bdq});  // int32 zero point: 0, the default
-    dq->set_attr(Attribute::make_int("axis", 0));
+    if (!one_scale) dq->set_attr(Attribute::make_int("axis", 0));
     g.set_node_input(n, 2, bdq);
     ++rep.int32_biases;
   }

@@ -208,13 +208,20 @@ TEST_CASE("per-tensor weights and uint8 activations", "[qdq]") {
   o.activation_type = "uint8";
   passes::insert_qdq(m, table, o);
   REQUIRE(verify(m).empty());
+  int int32_biases = 0;
   for (const auto& np : m.graph->nodes()) {
     if (np->op_type != "DequantizeLinear") continue;
     const Tensor& scale = np->input(1)->initializer();
     const Tensor& q = np->input(0)->has_initializer() ? np->input(0)->initializer() : Tensor();
     if (q.defined() && q.dtype() == DType::Int8) CHECK(scale.rank() == 0);
+    if (q.defined() && q.dtype() == DType::Int32) {
+      ++int32_biases;
+      CHECK(scale.rank() == 0);  // one weight scale, so one bias scale
+      CHECK_FALSE(np->has_attr("axis"));
+    }
     if (!np->input(0)->has_initializer()) CHECK(np->input(2)->initializer().dtype() == DType::UInt8);
   }
+  CHECK(int32_biases > 0);
 }
 
 TEST_CASE("QOperator conversion gives QLinearConv/QLinearMatMul that run", "[qdq][qoperator]") {
