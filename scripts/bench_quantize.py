@@ -12,46 +12,18 @@ include starting Python and importing onnxruntime. Needs numpy, onnx, onnxruntim
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from bench_accuracy import ORT_QUANT_CHILD, timed_child  # noqa: E402
 from fashion_data import load  # noqa: E402
 
 MPQ_METHODS = ["minmax", "entropy", "percentile"]
 ORT_METHODS = ["MinMax", "Entropy", "Percentile"]
-
-ORT_CHILD = r"""
-import sys, numpy as np
-from onnxruntime.quantization import quantize_static, CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
-model, calib, out, method = sys.argv[1:5]
-x = np.load(calib)
-class Reader(CalibrationDataReader):
-    def __init__(self): self.i = 0
-    def get_next(self):
-        if self.i >= len(x): return None
-        self.i += 1
-        return {"input": x[self.i - 1:self.i]}
-quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                calibrate_method=getattr(CalibrationMethod, method), reduce_range=True)
-"""
-
-
-def timed(cmd):
-    """(wall seconds, peak RSS MiB) of one child process."""
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
-        t0 = time.perf_counter()
-        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name] + cmd, capture_output=True, text=True)
-        secs = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:3])}... failed: {p.stderr.strip()[-600:]}")
-        return secs, float(tf.read().split()[-1]) / 1024.0
 
 
 def main():
@@ -80,9 +52,10 @@ def main():
             for _ in range(args.repeat):
                 runs = [(f"mpq {m}", [args.mpq, "quantize", model, "--data", calib_dir, "--method", m, "-o", out])
                         for m in MPQ_METHODS]
-                runs += [(f"ORT {m}", [sys.executable, "-c", ORT_CHILD, model, calib_npy, out, m]) for m in ORT_METHODS]
+                runs += [(f"ORT {m}", [sys.executable, "-c", ORT_QUANT_CHILD, model, calib_npy, out, m, "1"])
+                         for m in ORT_METHODS]
                 for key, cmd in runs:
-                    s, rss = timed(cmd)
+                    s, rss, _ = timed_child(cmd)
                     if key not in best or s < best[key][0]:
                         best[key] = (s, rss)
             cells = [f"{best[k][0]:.2f} s, {best[k][1]:.1f} MiB" for k in
