@@ -21,28 +21,7 @@ namespace {
 // Runs one node whose inputs are all graph inputs (an undefined Tensor omits that input).
 std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs, size_t num_outputs,
                              std::vector<ir::Attribute> attrs = {}, int opset = 21) {
-  ir::Model m;
-  m.set_opset("", opset);
-  ir::Graph* g = m.graph.get();
-  std::vector<ir::Value*> ins;
-  rt::Feeds feeds;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    ir::Value* v = g->add_value("in" + std::to_string(i), ir::ValueType::tensor(inputs[i].dtype(), inputs[i].shape()));
-    g->add_input(v);
-    ins.push_back(v);
-    feeds[v->name()] = inputs[i];
-  }
-  std::vector<ir::Value*> outs;
-  for (size_t i = 0; i < num_outputs; ++i) outs.push_back(g->add_value("out" + std::to_string(i)));
-  ir::Node* n = g->add_node(op, ins, outs, "node");
-  for (auto& a : attrs) n->set_attr(std::move(a));
-  for (ir::Value* v : outs) g->add_output(v);
-  rt::Executor exec(m);
-  return exec.run(feeds);
+  return test::run_node(op, inputs, attrs, num_outputs, opset, /*threads=*/0);
 }
 
 template <typename T>

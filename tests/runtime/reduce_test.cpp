@@ -23,30 +23,7 @@ using Attrs = std::vector<ir::Attribute>;
 
 std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs, int opset,
                              int threads = 3) {
-  ir::Model m;
-  m.set_opset("", opset);
-  ir::Graph* g = m.graph.get();
-  std::vector<ir::Value*> ins;
-  rt::Feeds feeds;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    std::string name = "in" + std::to_string(i);
-    ir::Value* v = g->add_value(name, ir::ValueType::tensor(inputs[i].dtype(), inputs[i].shape()));
-    g->add_input(v);
-    ins.push_back(v);
-    feeds[name] = inputs[i];
-  }
-  ir::Value* out = g->add_value("out");
-  g->add_output(out);
-  ir::Node* n = g->add_node(op, ins, {out}, "node_under_test");
-  for (const auto& a : attrs) n->set_attr(a);
-  rt::ExecOptions opt;
-  opt.threads = threads;
-  rt::Executor ex(m, opt);
-  return ex.run(feeds);
+  return test::run_node(op, inputs, attrs, 1, opset, threads);
 }
 
 Tensor run1(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs, int opset) {
