@@ -86,6 +86,19 @@ double rel_l2(const Tensor& a, const Tensor& b) {
 
 void write_model(const ir::Model& m, const fs::path& path) { ir::save_model(m, path); }
 
+int count_ops(const ir::Graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node->op_type == op;
+  return n;
+}
+
+int count_ops(const ir::Model& m, const std::string& op) { return count_ops(*m.graph, op); }
+
+std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds) {
+  rt::Executor exec(m);
+  return exec.run(feeds);
+}
+
 std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& inputs,
                              const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads,
                              const std::string& domain) {

@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "ir/graph.h"
+#include "runtime/executor.h"
 
 namespace mpq::test {
 
@@ -45,6 +46,13 @@ double rel_l2(const Tensor& a, const Tensor& b);
 
 // Write a small model (its graph built by the caller) to `path`.
 void write_model(const ir::Model& m, const fs::path& path);
+
+// Nodes of type `op` in the graph (subgraphs not counted).
+int count_ops(const ir::Graph& g, const std::string& op);
+int count_ops(const ir::Model& m, const std::string& op);
+
+// Runs a whole model once on a default executor.
+std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds);
 
 // Runs one node (named "node_under_test", of `domain` at version 1 when not the default domain)
 // through the executor on `threads` threads; undefined tensors in `inputs` are omitted optional

@@ -34,11 +34,7 @@ namespace pp = mpq::passes::precision;
 
 namespace {
 
-int count_ops(const Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes()) n += node->op_type == op;
-  return n;
-}
+using test::count_ops;
 
 Node* find_node(const Graph& g, const std::string& name) {
   for (const auto& n : g.nodes())
@@ -65,10 +61,7 @@ const Value* through_cast(const Value* v) {
   return v;
 }
 
-std::vector<Tensor> run(const Model& m, const rt::Feeds& feeds) {
-  rt::Executor exec(m);
-  return exec.run(feeds);
-}
+std::vector<Tensor> run(const Model& m, const rt::Feeds& feeds) { return test::run_model(m, feeds); }
 
 double cosine(const Tensor& a, const Tensor& b) { return pp::compare_tensors(a, b).cosine; }
 

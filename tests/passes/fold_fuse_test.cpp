@@ -16,16 +16,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int count_ops(const Model& m, const std::string& op) {
-  int n = 0;
-  for (const auto& node : m.graph->nodes()) n += node->op_type == op;
-  return n;
-}
+using test::count_ops;
 
-std::vector<Tensor> run(const Model& m, const rt::Feeds& feeds) {
-  rt::Executor exec(m);
-  return exec.run(feeds);
-}
+std::vector<Tensor> run(const Model& m, const rt::Feeds& feeds) { return test::run_model(m, feeds); }
 
 Value* add_const(Graph& g, const std::string& name, Tensor t) { return g.add_initializer(g.unique_name(name), std::move(t)); }
 

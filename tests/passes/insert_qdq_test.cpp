@@ -40,11 +40,7 @@ const Node* producer_op(const Value* v, const std::string& op) {
   return v && v->producer() && v->producer()->op_type == op ? v->producer() : nullptr;
 }
 
-int count(const Model& m, const std::string& op) {
-  int n = 0;
-  for (const auto& node : m.graph->nodes()) n += node->op_type == op;
-  return n;
-}
+int count(const Model& m, const std::string& op) { return test::count_ops(m, op); }
 
 double cosine(const Tensor& a, const Tensor& b) {
   double ab = 0, aa = 0, bb = 0;
