@@ -45,6 +45,26 @@ Shape with_prefix(int64_t a, int64_t b, const std::vector<int64_t>& spatial) {
   return s;
 }
 
+// The Conv/ConvTranspose attributes and the reference's geometry of a test case (ConvCase, TCase).
+template <typename Case>
+Attrs window_attrs(const Case& k) {
+  Attrs attrs{ir::Attribute::make_int("group", k.group)};
+  if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
+  if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
+  if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+  return attrs;
+}
+
+template <typename Case>
+WindowGeometry geometry_of(const Case& k) {
+  WindowGeometry geo;
+  geo.strides = k.strides;
+  geo.dilations = k.dilations;
+  geo.pads = k.pads;
+  geo.group = k.group;
+  return geo;
+}
+
 struct ConvCase {
   int64_t n, c, m, group;
   std::vector<int64_t> in, kernel, strides, dilations, pads;
@@ -67,19 +87,11 @@ void check_conv_case(const ConvCase& k, uint32_t seed, DType dtype = DType::Floa
     w = w.cast_to(dtype);
     b = b.cast_to(dtype);
   }
-  Attrs attrs{ir::Attribute::make_int("group", k.group)};
-  if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
-  if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
-  if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+  Attrs attrs = window_attrs(k);
   std::vector<Tensor> ins{x, w};
   if (k.bias) ins.push_back(b);
   Tensor got = run_node("Conv", ins, attrs, 1, 17, threads)[0];
-  WindowGeometry geo;
-  geo.strides = k.strides;
-  geo.dilations = k.dilations;
-  geo.pads = k.pads;
-  geo.group = k.group;
-  Tensor want = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geo);
+  Tensor want = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geometry_of(k));
   check_close(got, want);
 }
 
@@ -317,20 +329,12 @@ void check_transpose_case(const TCase& k, uint32_t seed, DType dtype = DType::Fl
   Tensor x = test::random_tensor(with_prefix(k.n, k.c, k.in), seed).cast_to(dtype);
   Tensor w = test::random_tensor(with_prefix(k.c, k.m / k.group, k.kernel), seed + 1).cast_to(dtype);
   Tensor b = test::random_tensor({k.m}, seed + 2).cast_to(dtype);
-  Attrs attrs{ir::Attribute::make_int("group", k.group)};
-  if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
-  if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
-  if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+  Attrs attrs = window_attrs(k);
   if (!k.output_padding.empty()) attrs.push_back(ir::Attribute::make_ints("output_padding", k.output_padding));
   std::vector<Tensor> ins{x, w};
   if (k.bias) ins.push_back(b);
   Tensor got = run_node("ConvTranspose", ins, attrs)[0];
-  WindowGeometry geo;
-  geo.strides = k.strides;
-  geo.dilations = k.dilations;
-  geo.pads = k.pads;
-  geo.group = k.group;
-  check_close(got, rt::cpu::conv_transpose_ref(x, w, k.bias ? &b : nullptr, geo, k.output_padding));
+  check_close(got, rt::cpu::conv_transpose_ref(x, w, k.bias ? &b : nullptr, geometry_of(k), k.output_padding));
 }
 
 }  // namespace
@@ -478,17 +482,10 @@ TEST_CASE("FusedConv applies the residual and activation on every convolution st
         Tensor x = test::random_tensor(with_prefix(k.n, k.c, k.in), seed++, -2.0f, 2.0f);
         Tensor w = test::random_tensor(with_prefix(k.m, k.c / k.group, k.kernel), seed++);
         Tensor b = test::random_tensor({k.m}, seed++);
-        WindowGeometry geo;
-        geo.strides = k.strides;
-        geo.dilations = k.dilations;
-        geo.pads = k.pads;
-        geo.group = k.group;
+        const WindowGeometry geo = geometry_of(k);
         Tensor plain = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geo);
         Tensor z = test::random_tensor(plain.shape(), seed++, -2.0f, 2.0f);
-        Attrs attrs{ir::Attribute::make_int("group", k.group)};
-        if (!k.strides.empty()) attrs.push_back(ir::Attribute::make_ints("strides", k.strides));
-        if (!k.dilations.empty()) attrs.push_back(ir::Attribute::make_ints("dilations", k.dilations));
-        if (!k.pads.empty()) attrs.push_back(ir::Attribute::make_ints("pads", k.pads));
+        Attrs attrs = window_attrs(k);
         if (!act.empty()) attrs.push_back(ir::Attribute::make_string("activation", act));
         if (!params.empty()) attrs.push_back(ir::Attribute::make_floats("activation_params", params));
         std::vector<Tensor> ins{x, w, k.bias ? b : Tensor()};
