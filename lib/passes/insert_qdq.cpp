@@ -58,6 +58,14 @@ bool is_anchor_op(const std::string& op) {
 
 }  // namespace
 
+ir::Value* ZeroPoints::get(DType type, int32_t value) {
+  ir::Value*& zp = by_value_[{type, value}];
+  if (!zp)
+    zp = g_.add_initializer(g_.unique_name(fmt::format("zp{}", by_value_.size() - 1)),
+                            Tensor::scalar<int32_t>(value).cast_to(type));
+  return zp;
+}
+
 QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax) {
   if (w.dtype() != DType::Float32) fail_internal("quantize_weight: {} weights", dtype_name(w.dtype()));
   QuantizedWeight out;
@@ -288,20 +296,10 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
   // QuantizeLinear input keeps its original name; weights feed their named node).
   int next_id = 0;
   auto fresh = [&](const char* prefix, int id) { return g.unique_name(fmt::format("{}{}", prefix, id)); };
-  // One zero-point initializer per (type, value): with int8 activations every pair shares "zp0".
-  std::map<std::pair<DType, int32_t>, Value*> zero_points;
-  auto zero_point_of = [&](const calib::QParams& q) {
-    Value*& zp = zero_points[{q.dtype, q.zero_point}];
-    if (!zp) {
-      Tensor zp_t = q.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(q.zero_point))
-                                            : Tensor::scalar<int8_t>(static_cast<int8_t>(q.zero_point));
-      zp = g.add_initializer(fresh("zp", static_cast<int>(zero_points.size()) - 1), zp_t);
-    }
-    return zp;
-  };
+  ZeroPoints zero_points(g);
   auto make_pair = [&](Value* input, Value* dq_out, const calib::QParams& q, int id) {
     Value* scale = g.add_initializer(fresh("s", id), Tensor::scalar<float>(q.scale));
-    Value* zp = zero_point_of(q);
+    Value* zp = zero_points.get(q.dtype, q.zero_point);
     // New intermediate values carry no declared type: value_info would only grow the file.
     Value* qv = g.add_value(fresh("q", id));
     g.add_node("QuantizeLinear", {input, scale, zp}, {qv});  // unnamed: node names are optional and only grow the file

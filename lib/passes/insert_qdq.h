@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "calib/table.h"
@@ -59,5 +60,17 @@ struct QuantizedWeight {
 };
 // `qmax` is 127, or 63 for reduce_range.
 QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax = 127);
+
+// Scalar zero-point initializers, one per (integer type, value), named zp0, zp1, ...: every Q/DQ
+// pair with that zero point reads the same one (with int8 activations, all of them).
+class ZeroPoints {
+ public:
+  explicit ZeroPoints(ir::Graph& g) : g_(g) {}
+  ir::Value* get(DType type, int32_t value);
+
+ private:
+  ir::Graph& g_;
+  std::map<std::pair<DType, int32_t>, ir::Value*> by_value_;
+};
 
 }  // namespace mpq::passes

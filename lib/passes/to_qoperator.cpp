@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <map>
-
 #include "calib/qparams.h"
 #include "core/error.h"
 #include "passes/pass.h"
@@ -28,7 +26,12 @@ Node* dq_of(const Value* v) {
 int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& o) {
   Graph& g = *model.graph;
   int converted = 0;
-  std::map<DType, Value*> zero_weight_points;  // one shared 0 per integer type
+  ZeroPoints zero_points(g);
+  // QLinearConv/QLinearMatMul need every zero point; QDQ export leaves the weights' (0) out.
+  auto zero_point_of = [&](Node* dq) -> Value* {
+    if (dq->input(2)) return dq->input(2);
+    return zero_points.get(dq->input(0)->type.elem == DType::UInt8 ? DType::UInt8 : DType::Int8, 0);
+  };
   std::vector<Node*> candidates;
   for (const auto& n : g.nodes())
     if (n->domain.empty() && (n->op_type == "Conv" || n->op_type == "MatMul")) candidates.push_back(n.get());
@@ -52,18 +55,8 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
     // Short numbered names, as insert_qdq gives its tensors (see there for why).
     const int id = converted;
     Value* ys = g.add_initializer(g.unique_name(fmt::format("ys{}", id)), Tensor::scalar<float>(yq.scale));
-    Tensor zp = yq.dtype == DType::UInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(yq.zero_point))
-                                         : Tensor::scalar<int8_t>(static_cast<int8_t>(yq.zero_point));
-    Value* yz = g.add_initializer(g.unique_name(fmt::format("yzp{}", id)), zp);
+    Value* yz = zero_points.get(yq.dtype, yq.zero_point);
     Value* yqv = g.add_value(g.unique_name(fmt::format("yq{}", id)));
-    // QLinearConv/QLinearMatMul need every zero point; QDQ export leaves the weights' (0) out.
-    auto zero_point_of = [&](Node* dq) -> Value* {
-      if (dq->input(2)) return dq->input(2);
-      DType t = dq->input(0)->type.elem == DType::UInt8 ? DType::UInt8 : DType::Int8;
-      Value*& zero = zero_weight_points[t];
-      if (!zero) zero = g.add_initializer(g.unique_name(fmt::format("wzp{}", zero_weight_points.size() - 1)), Tensor::zeros(t, {}));
-      return zero;
-    };
     std::vector<Value*> ins = {dx->input(0), dx->input(1), zero_point_of(dx), dw->input(0), dw->input(1), zero_point_of(dw), ys, yz};
     if (bias_q) ins.push_back(bias_q);
     const std::string op = n->op_type == "Conv" ? "QLinearConv" : "QLinearMatMul";
