@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -77,6 +78,18 @@ class HostCache {
 
 }  // namespace
 
+namespace {
+std::atomic<size_t> g_in_use{0};
+std::atomic<size_t> g_peak{0};
+
+void note_alloc(size_t cls) {
+  const size_t now = g_in_use.fetch_add(cls, std::memory_order_relaxed) + cls;
+  size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
 std::shared_ptr<void> host_alloc(size_t bytes) {
   size_t cls = size_class(bytes == 0 ? 1 : bytes);
   void* p = HostCache::instance().take(cls);
@@ -84,8 +97,16 @@ std::shared_ptr<void> host_alloc(size_t bytes) {
     p = std::aligned_alloc(64, (cls + 63) / 64 * 64);  // size must be a multiple of the alignment
     if (!p) fail_internal("out of host memory allocating {} bytes", cls);
   }
-  return std::shared_ptr<void>(p, [cls](void* q) { HostCache::instance().give(q, cls); });
+  note_alloc(cls);
+  return std::shared_ptr<void>(p, [cls](void* q) {
+    g_in_use.fetch_sub(cls, std::memory_order_relaxed);
+    HostCache::instance().give(q, cls);
+  });
 }
+
+size_t host_bytes_in_use() { return g_in_use.load(std::memory_order_relaxed); }
+size_t host_peak_bytes() { return g_peak.load(std::memory_order_relaxed); }
+void host_reset_peak() { g_peak.store(g_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 size_t host_cache_bytes() { return HostCache::instance().held(); }
 void host_cache_trim() { HostCache::instance().trim(); }

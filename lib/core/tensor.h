@@ -26,6 +26,12 @@ std::shared_ptr<void> host_alloc(size_t bytes);
 // Bytes currently held in the cache (not in use); for tests and memory reports.
 size_t host_cache_bytes();
 void host_cache_trim();
+// Bytes of host tensor memory handed out and not yet returned (in size classes), and the largest
+// that figure has been since the last reset: the training engine reports its peak activation and
+// gradient memory from these.
+size_t host_bytes_in_use();
+size_t host_peak_bytes();
+void host_reset_peak();
 
 class Tensor {
  public:

@@ -245,8 +245,9 @@ Executor::~Executor() = default;
 
 ThreadPool& Executor::pool() { return impl_->pool; }
 
-void Executor::check_feeds(const Feeds& feeds) const {
-  const ir::Graph& g = *model_.graph;
+void Executor::check_feeds(const Feeds& feeds) const { rt::check_feeds(*model_.graph, feeds); }
+
+void check_feeds(const ir::Graph& g, const Feeds& feeds) {
   for (ir::Value* v : g.inputs()) {
     auto it = feeds.find(v->name());
     if (it == feeds.end()) {

@@ -64,6 +64,10 @@ class Executor {
   std::vector<std::string> output_names_;
 };
 
+// Checks one feed against a graph's declared inputs (missing, unknown, wrong dtype, rank or fixed
+// dimension); a BadInput error names the input.
+void check_feeds(const ir::Graph& graph, const Feeds& feeds);
+
 // Ops (as "domain::Op" or "Op") in the model and its subgraphs that have no kernel on `backend`.
 std::vector<std::string> unsupported_ops(const ir::Model& model, BackendKind backend = BackendKind::CPU);
 

@@ -1,0 +1,594 @@
+#include "train/autograd.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/low_precision.h"
+#include "runtime/thread_pool.h"
+#include "train/grads/grad_util.h"
+
+namespace mpq::train {
+
+namespace {
+
+int node_opset(const ir::Model& model, const std::string& domain) {
+  const int64_t v = model.opset(domain);
+  return v > 0 ? static_cast<int>(v) : 1;
+}
+
+bool is_float(DType t) {
+  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+}
+
+// Ops whose outputs never carry a gradient: indices, comparisons, shapes, generators, and
+// piecewise-constant functions (zero gradient almost everywhere, as in PyTorch).
+bool op_is_non_differentiable(const ir::Node& n) {
+  static const std::unordered_set<std::string> ops = {
+      "Shape", "Size", "ArgMax", "ArgMin", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not",
+      "And", "Or", "Xor", "IsNaN", "IsInf", "NonZero", "ConstantOfShape", "Range", "Floor", "Ceil", "Round",
+      "Sign", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+      "Multinomial", "QuantizeLinear", "DynamicQuantizeLinear", "Constant", "OneHot", "BitShift", "Mod"};
+  return n.domain.empty() && ops.count(n.op_type) > 0;
+}
+
+bool output_differentiable(const ir::Node& n, size_t i) {
+  if (op_is_non_differentiable(n)) return false;
+  const ir::Value* v = n.output(i);
+  if (!v) return false;
+  if (n.domain.empty() && n.op_type == "Cast") return is_float(static_cast<DType>(n.attr_int("to", 1)));
+  if (n.domain.empty() && (n.op_type == "TopK" || n.op_type == "MaxPool") && i == 1) return false;  // indices
+  if (v->type.is_tensor() && v->type.elem != DType::Undefined) return is_float(v->type.elem);
+  return true;
+}
+
+// Ops that pass a parameter through unchanged in value (default_trainable looks past them).
+bool is_pass_through(const ir::Node& n) {
+  static const std::unordered_set<std::string> ops = {"Identity", "Reshape", "Transpose", "Squeeze",
+                                                      "Unsqueeze", "Flatten", "Cast", "Expand"};
+  return n.domain.empty() && ops.count(n.op_type) > 0;
+}
+
+bool is_weight_slot(const ir::Node& n, int index) {
+  if (!n.domain.empty()) return false;
+  const std::string& op = n.op_type;
+  if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul") return index == 1 || index == 2;
+  if (op == "BatchNormalization" || op == "LayerNormalization" || op == "InstanceNormalization" ||
+      op == "GroupNormalization")
+    return index == 1 || index == 2;
+  return false;
+}
+
+// 0: no differentiable use; 1: a differentiable use; 2: a weight / normalisation parameter slot.
+int parameter_use(const ir::Model& model, const ir::Value* v, const GradRegistry& grads, int depth) {
+  int best = 0;
+  for (const ir::Use& u : v->uses()) {
+    const ir::Node& n = *u.node;
+    const GradDef* def = grads.find(n.domain, n.op_type, node_opset(model, n.domain), rt::BackendKind::CPU);
+    if (!def || !(def->differentiable & bit(u.input_index))) continue;
+    if (is_weight_slot(n, u.input_index)) return 2;
+    best = std::max(best, 1);
+    if (is_pass_through(n) && u.input_index == 0 && depth < 8)
+      for (const ir::Value* out : n.outputs())
+        if (out) best = std::max(best, parameter_use(model, out, grads, depth + 1));
+    if (best == 2) return 2;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<std::string> default_trainable(const ir::Model& model, const GradRegistry& grads) {
+  std::vector<std::string> names;
+  for (const ir::Value* v : model.graph->initializers()) {
+    if (v->is_graph_input() || !is_float(v->initializer().dtype())) continue;
+    const int use = parameter_use(model, v, grads, 0);
+    if (use == 2 || (use == 1 && v->initializer().numel() > 1)) names.push_back(v->name());
+  }
+  return names;
+}
+
+namespace {
+
+// Runs a training forward as an OpKernel so that run_in_float32 can wrap it like any kernel.
+class TrainForwardKernel final : public rt::OpKernel {
+ public:
+  TrainForwardKernel(TrainForwardFn fn, bool training) : fn_(fn), training_(training) {}
+  void compute(rt::KernelContext& ctx) override {
+    TrainForwardContext tctx(ctx, training_);
+    fn_(tctx);
+    stash = std::move(tctx.stash());
+    updates = std::move(tctx.updates());
+  }
+  std::vector<Tensor> stash;
+  std::vector<std::pair<size_t, Tensor>> updates;
+
+ private:
+  TrainForwardFn fn_;
+  bool training_;
+};
+
+struct Step {
+  const ir::Node* node = nullptr;
+  int opset = 0;
+  const rt::KernelDef* kdef = nullptr;
+  std::unique_ptr<rt::OpKernel> kernel;
+  const GradDef* gdef = nullptr;  // found for every node (its train_forward applies off the gradient path too)
+  bool backward = false;          // on a path from a parameter to the loss
+  std::vector<int> inputs, outputs;
+  std::vector<int> release;        // slots whose last forward reader this is
+  std::vector<char> wanted;        // per input: gradient wanted
+  // Per forward: what the backward reads.
+  std::vector<Tensor> saved_in, saved_out, stash;
+  std::vector<Shape> in_shapes, out_shapes;
+  std::vector<DType> seen_dtype;  // type each input had when the kernel ran (after autocast)
+  std::vector<char> present;
+  bool ran = false;
+};
+
+}  // namespace
+
+struct Autograd::Impl {
+  const ir::Model& model;
+  AutogradOptions options;
+  const rt::OpRegistry& kernels;
+  const GradRegistry& grads;
+  rt::ThreadPool pool;
+
+  std::unordered_map<std::string, int> slot_of;
+  std::vector<const ir::Value*> slot_values;
+  std::vector<Step> steps;
+  std::vector<int> input_slots, output_slots;
+  std::vector<std::pair<int, Tensor>> constants;
+  std::vector<int> param_of_slot;  // slot -> parameter index or -1
+  std::vector<int> state_of_slot;  // slot -> state buffer index or -1
+  std::vector<char> requires_grad;
+  std::vector<Parameter> params;
+  std::vector<StateBuffer> state;
+  std::vector<std::string> output_names;
+
+  // Per forward.
+  std::vector<Tensor> env;
+  std::vector<DType> slot_dtype;
+  std::unordered_map<int, Tensor> low_cache;
+  bool have_forward = false;
+  std::vector<Tensor> input_grad_values;
+  size_t step_base = 0, step_peak = 0;
+
+  Impl(const ir::Model& m, AutogradOptions o)
+      : model(m),
+        options(std::move(o)),
+        kernels(options.kernels ? *options.kernels : rt::OpRegistry::global()),
+        grads(options.grads ? *options.grads : GradRegistry::global()),
+        pool(options.threads) {
+    openblas_set_num_threads(pool.size());
+    plan();
+  }
+
+  int slot(const ir::Value* v) {
+    auto [it, inserted] = slot_of.emplace(v->name(), static_cast<int>(slot_values.size()));
+    if (inserted) slot_values.push_back(v);
+    return it->second;
+  }
+
+  void plan() {
+    const ir::Graph& g = *model.graph;
+    for (ir::Value* v : g.values()) slot(v);
+    for (ir::Value* v : g.inputs()) input_slots.push_back(slot(v));
+    for (ir::Value* v : g.outputs()) {
+      output_slots.push_back(slot(v));
+      output_names.push_back(v->name());
+    }
+    const size_t n_slots = slot_values.size();
+    param_of_slot.assign(n_slots, -1);
+    state_of_slot.assign(n_slots, -1);
+
+    std::vector<std::string> trainable = options.trainable;
+    if (trainable.empty() && options.default_parameters) trainable = default_trainable(model, grads);
+    for (const std::string& name : trainable) {
+      const ir::Value* v = g.find(name);
+      if (!v || !v->has_initializer())
+        fail_input("'{}' is not an initializer of the model and cannot be trained", name);
+      if (!is_float(v->initializer().dtype()))
+        fail_input("initializer '{}' is {}, only float tensors can be trained", name, dtype_name(v->initializer().dtype()));
+      const int s = slot(v);
+      if (param_of_slot[static_cast<size_t>(s)] >= 0) continue;
+      param_of_slot[static_cast<size_t>(s)] = static_cast<int>(params.size());
+      Parameter p;
+      p.name = name;
+      p.value = v->initializer().clone();
+      p.grad = Tensor::zeros(p.value.dtype(), p.value.shape());
+      params.push_back(std::move(p));
+    }
+    for (ir::Value* v : g.initializers())
+      if (param_of_slot[static_cast<size_t>(slot(v))] < 0) constants.emplace_back(slot(v), v->initializer());
+
+    // Forward plan: kernels, slots, readiness and last readers (as the executor does).
+    std::vector<char> ready(n_slots, 0);
+    for (ir::Value* v : g.values())
+      if (v->is_graph_input() || v->has_initializer()) ready[static_cast<size_t>(slot(v))] = 1;
+    std::vector<int> last_reader(n_slots, -1);
+    for (const auto& np : g.nodes()) {
+      const ir::Node& n = *np;
+      if (!n.subgraphs().empty())
+        fail_unsupported("{}: control flow (If, Loop, Scan) is not supported by the training engine", n.label());
+      Step st;
+      st.node = &n;
+      st.opset = node_opset(model, n.domain);
+      st.kdef = kernels.find(n.domain, n.op_type, st.opset, rt::BackendKind::CPU);
+      if (!st.kdef)
+        fail_unsupported("{}: operator {}{} (opset {}) is not supported on cpu", n.label(),
+                         n.domain.empty() ? "" : n.domain + "::", n.op_type, st.opset);
+      st.kernel = st.kdef->factory(n, st.opset);
+      st.gdef = grads.find(n.domain, n.op_type, st.opset, rt::BackendKind::CPU);
+      const int index = static_cast<int>(steps.size());
+      for (ir::Value* v : n.inputs()) {
+        if (!v) {
+          st.inputs.push_back(-1);
+          continue;
+        }
+        const int s = slot(v);
+        if (!ready[static_cast<size_t>(s)])
+          fail_input("{}: reads '{}' before it is computed (graph is not in topological order)", n.label(), v->name());
+        st.inputs.push_back(s);
+        last_reader[static_cast<size_t>(s)] = index;
+      }
+      for (ir::Value* v : n.outputs()) {
+        st.outputs.push_back(v ? slot(v) : -1);
+        if (v) ready[static_cast<size_t>(slot(v))] = 1;
+      }
+      steps.push_back(std::move(st));
+    }
+    std::set<int> keep(output_slots.begin(), output_slots.end());
+    for (size_t s = 0; s < n_slots; ++s)
+      if (last_reader[s] >= 0 && !keep.count(static_cast<int>(s)))
+        steps[static_cast<size_t>(last_reader[s])].release.push_back(static_cast<int>(s));
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (int s : steps[i].outputs)
+        if (s >= 0 && last_reader[static_cast<size_t>(s)] < 0 && !keep.count(s)) steps[i].release.push_back(s);
+
+    // Which values carry a gradient (forward from the parameters) ...
+    requires_grad.assign(n_slots, 0);
+    for (size_t s = 0; s < n_slots; ++s)
+      if (param_of_slot[s] >= 0) requires_grad[s] = 1;
+    if (options.input_grads)
+      for (int s : input_slots)
+        if (!slot_values[static_cast<size_t>(s)]->has_initializer()) requires_grad[static_cast<size_t>(s)] = 1;
+    std::vector<char> any_input_req(steps.size(), 0);
+    for (size_t k = 0; k < steps.size(); ++k) {
+      Step& st = steps[k];
+      bool req = false;
+      for (size_t i = 0; i < st.inputs.size(); ++i) {
+        const int s = st.inputs[i];
+        if (s < 0 || !requires_grad[static_cast<size_t>(s)]) continue;
+        any_input_req[k] = 1;
+        if (!st.gdef || (st.gdef->differentiable & bit(static_cast<int>(i)))) req = true;
+      }
+      if (!req) continue;
+      for (size_t j = 0; j < st.outputs.size(); ++j)
+        if (st.outputs[j] >= 0 && output_differentiable(*st.node, j)) requires_grad[static_cast<size_t>(st.outputs[j])] = 1;
+    }
+    // ... and which lead to a graph output (backward from the loss).
+    std::vector<char> reaches(n_slots, 0);
+    for (int s : output_slots) reaches[static_cast<size_t>(s)] = 1;
+    for (size_t k = steps.size(); k-- > 0;) {
+      Step& st = steps[k];
+      bool out_reaches = false;
+      for (size_t j = 0; j < st.outputs.size(); ++j) {
+        const int s = st.outputs[j];
+        if (s >= 0 && reaches[static_cast<size_t>(s)] && requires_grad[static_cast<size_t>(s)]) out_reaches = true;
+      }
+      if (!out_reaches || !any_input_req[k]) continue;
+      if (!st.gdef)
+        fail_unsupported("{}: operator {} has no backward kernel, and it lies on the path from a trained parameter "
+                         "to the loss (freeze the parameters before it, or exclude the node)",
+                         st.node->label(), st.node->op_type);
+      st.backward = true;
+      st.wanted.assign(st.inputs.size(), 0);
+      for (size_t i = 0; i < st.inputs.size(); ++i) {
+        const int s = st.inputs[i];
+        if (s >= 0 && requires_grad[static_cast<size_t>(s)] && (st.gdef->differentiable & bit(static_cast<int>(i)))) {
+          st.wanted[i] = 1;
+          reaches[static_cast<size_t>(s)] = 1;
+        }
+      }
+    }
+  }
+
+  // The tensor slot `s` holds for the forward: a parameter, running state, a constant or a value.
+  Tensor convert_cached(int s, const Tensor& t, DType to) {
+    const bool constant = param_of_slot[static_cast<size_t>(s)] >= 0 || slot_values[static_cast<size_t>(s)]->has_initializer();
+    if (!constant) return grad_util::convert(t, to);
+    auto it = low_cache.find(s);
+    if (it != low_cache.end() && it->second.dtype() == to) return it->second;
+    Tensor c = grad_util::convert(t, to);
+    low_cache[s] = c;
+    return c;
+  }
+
+  std::vector<Tensor> forward(const rt::Feeds& feeds) {
+    rt::check_feeds(*model.graph, feeds);
+    // A forward without a backward leaves saved tensors behind; drop them first.
+    for (Step& st : steps) clear_saved(st);
+    input_grad_values.clear();
+    env.assign(slot_values.size(), Tensor());
+    slot_dtype.assign(slot_values.size(), DType::Undefined);
+    low_cache.clear();
+    for (const auto& [s, t] : constants) env[static_cast<size_t>(s)] = t;
+    for (size_t s = 0; s < state_of_slot.size(); ++s)  // running state replaces its initializer
+      if (state_of_slot[s] >= 0) env[s] = state[static_cast<size_t>(state_of_slot[s])].value;
+    for (size_t s = 0; s < param_of_slot.size(); ++s)
+      if (param_of_slot[s] >= 0) env[s] = params[static_cast<size_t>(param_of_slot[s])].value;
+    for (int s : input_slots) {
+      auto it = feeds.find(slot_values[static_cast<size_t>(s)]->name());
+      if (it != feeds.end()) env[static_cast<size_t>(s)] = it->second;
+    }
+    for (size_t s = 0; s < env.size(); ++s)
+      if (env[s].defined()) slot_dtype[s] = env[s].dtype();
+    step_base = host_bytes_in_use();
+    host_reset_peak();
+
+    for (Step& st : steps) run_forward_step(st);
+    have_forward = true;
+    std::vector<Tensor> out;
+    for (int s : output_slots) {
+      if (!env[static_cast<size_t>(s)].defined())
+        fail_input("output '{}' was not computed", slot_values[static_cast<size_t>(s)]->name());
+      out.push_back(env[static_cast<size_t>(s)]);
+    }
+    return out;
+  }
+
+  void run_forward_step(Step& st) {
+    const ir::Node& n = *st.node;
+    rt::KernelContext ctx(n, st.opset, pool, nullptr);
+    auto& ins = ctx.mutable_inputs();
+    ins.assign(st.inputs.size(), nullptr);
+    for (size_t i = 0; i < st.inputs.size(); ++i) {
+      const int s = st.inputs[i];
+      if (s < 0) continue;
+      const Tensor& t = env[static_cast<size_t>(s)];
+      if (!t.defined())
+        fail_internal("{}: input '{}' has no value at run time", n.label(), slot_values[static_cast<size_t>(s)]->name());
+      ins[i] = &t;
+    }
+    // Autocast: converted inputs live in `cast` for the duration of the step.
+    std::vector<Tensor> cast(st.inputs.size());
+    if (options.amp != Amp::Off) {
+      const AutocastDecision d = autocast(n, ins, options.amp);
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (!d.cast_input[i]) continue;
+        cast[i] = convert_cached(st.inputs[i], *ins[i], d.compute);
+        ins[i] = &cast[i];
+      }
+    }
+    ctx.mutable_outputs().resize(st.outputs.size());
+    TrainForwardKernel* train_kernel = nullptr;
+    std::unique_ptr<TrainForwardKernel> train_holder;
+    if (st.gdef && st.gdef->train_forward) {
+      train_holder = std::make_unique<TrainForwardKernel>(st.gdef->train_forward, options.training);
+      train_kernel = train_holder.get();
+    }
+    try {
+      rt::OpKernel& k = train_kernel ? static_cast<rt::OpKernel&>(*train_kernel) : *st.kernel;
+      const bool native = !train_kernel && st.kdef->native_low_precision;
+      if (!native && rt::any_low_precision(ins)) rt::run_in_float32(k, ctx);
+      else k.compute(ctx);
+    } catch (const Error& e) {
+      const std::string label = n.label();
+      if (std::string(e.what()).find(label) != std::string::npos) throw;
+      throw Error(e.kind(), label + ": " + e.what());
+    } catch (const std::bad_alloc&) {
+      fail_input("{}: out of memory", n.label());
+    }
+    if (train_kernel) {
+      for (auto& [i, value] : train_kernel->updates) store_state(st, i, std::move(value));
+    }
+    if (st.backward) {
+      st.ran = true;
+      st.present.assign(st.inputs.size(), 0);
+      st.in_shapes.assign(st.inputs.size(), Shape{});
+      st.seen_dtype.assign(st.inputs.size(), DType::Undefined);
+      st.saved_in.assign(st.inputs.size(), Tensor());
+      for (size_t i = 0; i < st.inputs.size(); ++i) {
+        if (!ins[i]) continue;
+        st.present[i] = 1;
+        st.in_shapes[i] = ins[i]->shape();
+        st.seen_dtype[i] = ins[i]->dtype();
+        if (st.gdef->saved_inputs & bit(static_cast<int>(i))) st.saved_in[i] = *ins[i];
+      }
+      if (train_kernel) st.stash = std::move(train_kernel->stash);
+    }
+    auto& outs = ctx.mutable_outputs();
+    if (st.backward) {
+      st.out_shapes.assign(st.outputs.size(), Shape{});
+      st.saved_out.assign(st.outputs.size(), Tensor());
+    }
+    for (size_t j = 0; j < st.outputs.size(); ++j) {
+      const int s = st.outputs[j];
+      if (s < 0) continue;
+      if (!outs[j].defined()) fail_internal("{}: kernel did not produce output {}", n.label(), j);
+      if (st.backward) {
+        st.out_shapes[j] = outs[j].shape();
+        if (st.gdef->saved_outputs & bit(static_cast<int>(j))) st.saved_out[j] = outs[j];
+      }
+      slot_dtype[static_cast<size_t>(s)] = outs[j].dtype();
+      env[static_cast<size_t>(s)] = std::move(outs[j]);
+    }
+    for (int s : st.release) env[static_cast<size_t>(s)] = Tensor();
+  }
+
+  void store_state(const Step& st, size_t i, Tensor value) {
+    if (i >= st.inputs.size() || st.inputs[i] < 0) return;
+    const int s = st.inputs[i];
+    const ir::Value* v = slot_values[static_cast<size_t>(s)];
+    if (!v->has_initializer() || v->is_graph_input() || param_of_slot[static_cast<size_t>(s)] >= 0) return;
+    int& k = state_of_slot[static_cast<size_t>(s)];
+    if (k < 0) {
+      k = static_cast<int>(state.size());
+      state.push_back({v->name(), Tensor()});
+    }
+    const DType t = v->initializer().dtype();
+    state[static_cast<size_t>(k)].value = value.dtype() == t ? std::move(value) : grad_util::convert(value, t);
+  }
+
+  static void clear_saved(Step& st) {
+    st.saved_in.clear();
+    st.saved_out.clear();
+    st.stash.clear();
+    st.ran = false;
+  }
+
+  void backward(const std::vector<Tensor>& output_grads) {
+    if (!have_forward) fail_internal("Autograd::backward called without a forward pass");
+    have_forward = false;
+    if (output_grads.size() != output_slots.size())
+      fail_internal("Autograd::backward: {} output gradients for {} outputs", output_grads.size(), output_slots.size());
+    std::vector<Tensor> grad(slot_values.size());
+    for (size_t i = 0; i < output_slots.size(); ++i) {
+      if (!output_grads[i].defined()) continue;
+      const int s = output_slots[i];
+      const Tensor& out = env[static_cast<size_t>(s)];
+      if (output_grads[i].shape() != out.shape())
+        fail_input("gradient of output '{}' has shape {}, the output has {}", output_names[i],
+                   shape_str(output_grads[i].shape()), shape_str(out.shape()));
+      accumulate(grad, s, grad_util::convert(output_grads[i], slot_dtype[static_cast<size_t>(s)]));
+    }
+    env.clear();  // graph outputs and constants; saved values live in the steps
+    low_cache.clear();
+
+    for (size_t k = steps.size(); k-- > 0;) {
+      Step& st = steps[k];
+      if (!st.backward || !st.ran) continue;
+      bool any = false;
+      for (int s : st.outputs)
+        if (s >= 0 && grad[static_cast<size_t>(s)].defined()) any = true;
+      if (any) run_backward_step(st, grad);
+      for (int s : st.outputs)
+        if (s >= 0) grad[static_cast<size_t>(s)] = Tensor();
+      clear_saved(st);
+    }
+    if (options.input_grads) {
+      input_grad_values.clear();
+      for (int s : input_slots) input_grad_values.push_back(grad[static_cast<size_t>(s)]);
+    }
+    step_peak = host_peak_bytes() > step_base ? host_peak_bytes() - step_base : 0;
+  }
+
+  void run_backward_step(Step& st, std::vector<Tensor>& grad) {
+    const ir::Node& n = *st.node;
+    GradContext ctx(n, st.opset, pool);
+    ctx.set_training(options.training);
+    const size_t ni = st.inputs.size(), no = st.outputs.size();
+    auto widen = [](const Tensor& t) { return t.defined() ? rt::widen_to_float32(t) : t; };
+    auto& ins = ctx.mutable_inputs();
+    ins.resize(ni);
+    for (size_t i = 0; i < ni; ++i) ins[i] = widen(st.saved_in[i]);
+    auto& outs = ctx.mutable_outputs();
+    outs.resize(no);
+    for (size_t j = 0; j < no; ++j) outs[j] = widen(st.saved_out[j]);
+    auto& gouts = ctx.mutable_grad_outputs();
+    gouts.resize(no);
+    for (size_t j = 0; j < no; ++j)
+      if (st.outputs[j] >= 0) gouts[j] = widen(grad[static_cast<size_t>(st.outputs[j])]);
+    ctx.mutable_stash() = st.stash;
+    ctx.mutable_input_shapes() = st.in_shapes;
+    ctx.mutable_output_shapes() = st.out_shapes;
+    ctx.mutable_input_present() = st.present;
+    auto& dtypes = ctx.mutable_input_dtypes();
+    dtypes.resize(ni);
+    for (size_t i = 0; i < ni; ++i) {
+      const DType t = st.seen_dtype[i];
+      dtypes[i] = (t == DType::Float16 || t == DType::BFloat16) ? DType::Float32 : t;
+    }
+    ctx.mutable_wanted() = st.wanted;
+    ctx.mutable_grads().resize(ni);
+    try {
+      st.gdef->fn(ctx);
+    } catch (const Error& e) {
+      const std::string label = n.label();
+      if (std::string(e.what()).find(label) != std::string::npos) throw;
+      throw Error(e.kind(), label + " (backward): " + e.what());
+    } catch (const std::bad_alloc&) {
+      fail_input("{} (backward): out of memory", n.label());
+    }
+    auto& g = ctx.mutable_grads();
+    for (size_t i = 0; i < ni; ++i) {
+      if (!st.wanted[i]) continue;
+      if (i >= g.size() || !g[i].defined())
+        fail_internal("{} (backward): no gradient produced for input {}", n.label(), i);
+      const int s = st.inputs[i];
+      // Through the autocast conversion: rounded to the type the kernel saw, then to the value's.
+      Tensor gi = grad_util::convert(g[i], st.seen_dtype[i]);
+      gi = grad_util::convert(gi, slot_dtype[static_cast<size_t>(s)]);
+      accumulate(grad, s, std::move(gi));
+    }
+  }
+
+  void accumulate(std::vector<Tensor>& grad, int s, Tensor g) {
+    const int p = param_of_slot[static_cast<size_t>(s)];
+    if (p >= 0) {
+      Parameter& param = params[static_cast<size_t>(p)];
+      grad_util::add_into(pool, param.grad, grad_util::convert(g, param.grad.dtype()));
+      return;
+    }
+    if (!requires_grad[static_cast<size_t>(s)]) return;
+    Tensor& acc = grad[static_cast<size_t>(s)];
+    acc = acc.defined() ? grad_util::add(pool, acc, g) : std::move(g);
+  }
+};
+
+Autograd::Autograd(const ir::Model& model, AutogradOptions options)
+    : impl_(std::make_unique<Impl>(model, std::move(options))) {}
+Autograd::~Autograd() = default;
+
+std::vector<Tensor> Autograd::forward(const rt::Feeds& feeds) { return impl_->forward(feeds); }
+void Autograd::backward(const std::vector<Tensor>& output_grads) { impl_->backward(output_grads); }
+std::vector<Parameter>& Autograd::parameters() { return impl_->params; }
+const std::vector<Parameter>& Autograd::parameters() const { return impl_->params; }
+Parameter* Autograd::find_parameter(const std::string& name) {
+  for (Parameter& p : impl_->params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+std::vector<StateBuffer>& Autograd::state() { return impl_->state; }
+const std::vector<StateBuffer>& Autograd::state() const { return impl_->state; }
+const std::vector<Tensor>& Autograd::input_grads() const { return impl_->input_grad_values; }
+const std::vector<std::string>& Autograd::output_names() const { return impl_->output_names; }
+rt::ThreadPool& Autograd::pool() { return impl_->pool; }
+bool Autograd::training() const { return impl_->options.training; }
+void Autograd::set_training(bool training) { impl_->options.training = training; }
+
+void Autograd::zero_grad() {
+  for (Parameter& p : impl_->params) std::memset(p.grad.raw_data(), 0, p.grad.nbytes());
+}
+
+void Autograd::write_back(ir::Model& model) const {
+  ir::Graph& g = *model.graph;
+  auto store = [&](const std::string& name, const Tensor& t) {
+    ir::Value* v = g.find(name);
+    if (!v || !v->has_initializer()) fail_input("the model has no initializer '{}' to store a trained value in", name);
+    if (v->initializer().shape() != t.shape())
+      fail_input("initializer '{}' has shape {}, the trained value {}", name, shape_str(v->initializer().shape()),
+                 shape_str(t.shape()));
+    g.set_initializer(v, t.clone());
+  };
+  for (const Parameter& p : impl_->params) store(p.name, p.value);
+  for (const StateBuffer& b : impl_->state)
+    if (b.value.defined()) store(b.name, b.value);
+}
+
+MemoryStats Autograd::memory() const {
+  MemoryStats m;
+  for (const Parameter& p : impl_->params) m.persistent_bytes += p.value.nbytes() + p.grad.nbytes();
+  for (const StateBuffer& b : impl_->state) m.persistent_bytes += b.value.nbytes();
+  m.peak_step_bytes = impl_->step_peak;
+  return m;
+}
+
+}  // namespace mpq::train
