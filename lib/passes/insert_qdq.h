@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "calib/qparams.h"
 #include "calib/table.h"
 #include "ir/graph.h"
 
@@ -35,6 +36,11 @@ struct QdqOptions {
   bool quantize_attention = false;       // MatMul with two activation inputs
   std::set<std::string> exclude_nodes;   // node names kept in float
   std::set<std::string> exclude_ops;     // op types kept in float
+  int weight_bits = 8;                   // 8: [-127, 127]; 4: [-7, 7] (stored as int8 values)
+  // Scales learned by quantization-aware training, replacing those the calibration table gives:
+  // activation parameters by tensor name, weight scales (one per channel, or one) by initializer name.
+  std::map<std::string, calib::QParams> activation_qparams;
+  std::map<std::string, std::vector<float>> weight_scales;
 };
 
 struct QdqReport {
@@ -58,8 +64,12 @@ struct QuantizedWeight {
   Tensor scales;  // float32 [C] or scalar
   std::vector<float> scale_list;
 };
-// `qmax` is 127, or 63 for reduce_range.
+// `qmax` is 127, 63 for reduce_range, 7 for 4-bit weights.
 QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax = 127);
+// Symmetric scales from each channel's largest magnitude: amax / qmax (never zero).
+std::vector<float> weight_channel_scales(const Tensor& w, int axis, int qmax = 127);
+// Quantizes with given scales (one per channel along `axis`, or one when axis < 0).
+QuantizedWeight quantize_weight_with_scales(const Tensor& w, int axis, const std::vector<float>& scales, int qmax);
 
 // Scalar zero-point initializers, one per (integer type, value), named zp0, zp1, ...: every Q/DQ
 // pair with that zero point reads the same one (with int8 activations, all of them).
