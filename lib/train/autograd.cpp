@@ -70,7 +70,7 @@ int parameter_use(const ir::Model& model, const ir::Value* v, const GradRegistry
   for (const ir::Use& u : v->uses()) {
     const ir::Node& n = *u.node;
     const GradDef* def = grads.find(n.domain, n.op_type, node_opset(model, n.domain), rt::BackendKind::CPU);
-    if (!def || !(def->differentiable & bit(u.input_index))) continue;
+    if (!def || !in_mask(def->differentiable, static_cast<size_t>(u.input_index))) continue;
     if (is_weight_slot(n, u.input_index)) return 2;
     best = std::max(best, 1);
     if (is_pass_through(n) && u.input_index == 0 && depth < 8)
@@ -267,7 +267,7 @@ struct Autograd::Impl {
         const int s = st.inputs[i];
         if (s < 0 || !requires_grad[static_cast<size_t>(s)]) continue;
         any_input_req[k] = 1;
-        if (!st.gdef || (st.gdef->differentiable & bit(static_cast<int>(i)))) req = true;
+        if (!st.gdef || in_mask(st.gdef->differentiable, i)) req = true;
       }
       if (!req) continue;
       for (size_t j = 0; j < st.outputs.size(); ++j)
@@ -292,7 +292,7 @@ struct Autograd::Impl {
       st.wanted.assign(st.inputs.size(), 0);
       for (size_t i = 0; i < st.inputs.size(); ++i) {
         const int s = st.inputs[i];
-        if (s >= 0 && requires_grad[static_cast<size_t>(s)] && (st.gdef->differentiable & bit(static_cast<int>(i)))) {
+        if (s >= 0 && requires_grad[static_cast<size_t>(s)] && in_mask(st.gdef->differentiable, i)) {
           st.wanted[i] = 1;
           reaches[static_cast<size_t>(s)] = 1;
         }
@@ -400,7 +400,7 @@ struct Autograd::Impl {
         st.present[i] = 1;
         st.in_shapes[i] = ins[i]->shape();
         st.seen_dtype[i] = ins[i]->dtype();
-        if (st.gdef->saved_inputs & bit(static_cast<int>(i))) st.saved_in[i] = *ins[i];
+        if (in_mask(st.gdef->saved_inputs, i)) st.saved_in[i] = *ins[i];
       }
       if (train_kernel) st.stash = std::move(train_kernel->stash);
     }
@@ -415,7 +415,7 @@ struct Autograd::Impl {
       if (!outs[j].defined()) fail_internal("{}: kernel did not produce output {}", n.label(), j);
       if (st.backward) {
         st.out_shapes[j] = outs[j].shape();
-        if (st.gdef->saved_outputs & bit(static_cast<int>(j))) st.saved_out[j] = outs[j];
+        if (in_mask(st.gdef->saved_outputs, j)) st.saved_out[j] = outs[j];
       }
       slot_dtype[static_cast<size_t>(s)] = outs[j].dtype();
       env[static_cast<size_t>(s)] = std::move(outs[j]);

@@ -29,6 +29,8 @@ namespace mpq::train {
 
 constexpr uint32_t bit(int i) { return uint32_t{1} << i; }
 inline constexpr uint32_t kAllInputs = 0xffffffffu;
+// Whether input/output i is in a mask; kAllInputs covers every index (Concat, Split with many).
+constexpr bool in_mask(uint32_t mask, size_t i) { return mask == kAllInputs || (i < 32 && ((mask >> i) & 1u)); }
 
 class GradContext {
  public:

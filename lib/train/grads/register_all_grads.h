@@ -15,7 +15,7 @@ void register_pool_grads(GradRegistry& r);     // pool_grad.cpp: MaxPool, Averag
 void register_norm_grads(GradRegistry& r);     // norm_grad.cpp: BatchNormalization, LayerNormalization
 void register_reduce_grads(GradRegistry& r);   // reduce_grad.cpp: ReduceMean, ReduceSum
 void register_shape_grads(GradRegistry& r);    // shape_grad.cpp: Reshape, Transpose, Concat, Split, Slice, Pad, ...
-void register_tensor_grads(GradRegistry& r);   // tensor_grad.cpp: Gather
+void register_tensor_grads(GradRegistry& r);   // tensor_grad.cpp: Gather, GatherElements
 void register_resize_grads(GradRegistry& r);   // resize_grad.cpp: Resize
 
 }  // namespace mpq::train::grads
