@@ -35,6 +35,7 @@ struct QuantizeOpts {
   std::string activation_type = "int8";
   bool symmetric = false;
   bool reduce_range = false;
+  int weight_bits = 8;
   bool float_bias = false;
   bool no_fuse = false;
   bool quantize_attention = false;
@@ -52,6 +53,7 @@ struct QuantizeOpts {
 int quantize_command(const QuantizeOpts& o) {
   if (o.calib.empty() == o.data.empty()) fail_input("give exactly one of --calib TABLE or --data DIR");
   if (o.per_tensor && o.per_channel) fail_input("--per-channel and --per-tensor exclude each other");
+  if (o.weight_bits == 4 && o.reduce_range) fail_input("--reduce-range is for 8-bit weights; 4-bit weights are [-7, 7] already");
   if (o.symmetric && o.activation_type == "int8") spdlog::debug("int8 activations are symmetric already");
   rt::BackendKind backend = rt::resolve_device(o.device);
   refuse_overwrite_input(o.model, o.output);
@@ -103,6 +105,7 @@ int quantize_command(const QuantizeOpts& o) {
   qo.activation_type = o.activation_type;
   qo.symmetric = o.symmetric;
   qo.reduce_range = o.reduce_range;
+  qo.weight_bits = o.weight_bits;
   qo.quantize_bias = !o.float_bias;
   qo.quantize_attention = o.quantize_attention;
   qo.quantize_outputs = !o.float_outputs;
@@ -152,8 +155,10 @@ int quantize_command(const QuantizeOpts& o) {
   model.set_metadata("mpq.quantization.format", o.format);
   model.set_metadata("mpq.quantization.calibration_method", method);
   model.set_metadata("mpq.quantization.calibration_samples", std::to_string(samples));
-  model.set_metadata("mpq.quantization.weights", fmt::format("int8 symmetric {} in [-{}, {}]", rep.per_channel ? "per-channel" : "per-tensor",
-                                                             o.reduce_range ? 63 : 127, o.reduce_range ? 63 : 127));
+  const int wmax = o.weight_bits == 4 ? 7 : (o.reduce_range ? 63 : 127);
+  model.set_metadata("mpq.quantization.weights", fmt::format("{} symmetric {} in [-{}, {}]{}", o.weight_bits == 4 ? "4-bit" : "int8",
+                                                             rep.per_channel ? "per-channel" : "per-tensor", wmax, wmax,
+                                                             o.weight_bits == 4 ? " (stored as int8)" : ""));
   model.set_metadata("mpq.quantization.activations", o.activation_type == "int8" ? "int8 symmetric per-tensor"
                                                                                  : (o.symmetric ? "uint8 symmetric per-tensor" : "uint8 asymmetric per-tensor"));
   model.set_metadata("mpq.quantization.bias", o.float_bias ? "float" : "int32");
@@ -233,6 +238,9 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_flag("--reduce-range", o->reduce_range,
                "7-bit weights [-63, 63] (ONNX Runtime's reduce_range): use for ONNX Runtime on x86 CPUs without "
                "VNNI, whose uint8 x int8 kernels saturate on full-range weights");
+  sub.add_option("--weight-bits", o->weight_bits,
+                 "8 (default, [-127, 127]) or 4 ([-7, 7], stored as int8 values: the post-training baseline for 4-bit QAT)")
+      ->check(CLI::IsMember({4, 8}));
   sub.add_flag("--float-bias", o->float_bias, "keep biases in float instead of int32");
   sub.add_flag("--no-fuse", o->no_fuse, "do not fold BatchNormalization into Conv/Gemm first");
   sub.add_flag("--quantize-attention", o->quantize_attention, "also quantize MatMuls whose inputs are both activations");

@@ -38,6 +38,27 @@ float fake_quantize_ref(float x, float scale, int32_t zero_point, int32_t qmin, 
   return dequantize_ref(quantize_ref(x, scale, zero_point, qmin, qmax), scale, zero_point);
 }
 
+bool fake_quantize_passes_ref(float x, float scale, int32_t zero_point, int32_t qmin, int32_t qmax) {
+  const float v = x / scale;
+  if (std::isnan(v)) return false;
+  const double q = static_cast<double>(round_half_to_even(v)) + static_cast<double>(zero_point);
+  return q >= qmin && q <= qmax;
+}
+
+float fake_quantize_scale_slope_ref(float x, float scale, int32_t zero_point, int32_t qmin, int32_t qmax) {
+  const float v = x / scale;
+  if (std::isnan(v)) return 0.0f;
+  const double q = static_cast<double>(round_half_to_even(v)) + static_cast<double>(zero_point);
+  if (q < qmin) return static_cast<float>(qmin - zero_point);
+  if (q > qmax) return static_cast<float>(qmax - zero_point);
+  return round_half_to_even(v) - v;
+}
+
+double lsq_grad_scale_ref(int64_t elements_per_scale, int32_t zero_point, int32_t qmax) {
+  const double qp = std::max(1.0, static_cast<double>(qmax) - static_cast<double>(zero_point));
+  return 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(elements_per_scale, 1)) * qp);
+}
+
 float requant_multiplier_ref(float in_scale, float weight_scale, float out_scale) {
   const float prod = in_scale * weight_scale;
   return prod / out_scale;

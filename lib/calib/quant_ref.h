@@ -33,6 +33,19 @@ float dequantize_ref(int32_t q, float scale, int32_t zero_point);
 // dequantize_ref(quantize_ref(x, ...), ...).
 float fake_quantize_ref(float x, float scale, int32_t zero_point, int32_t qmin, int32_t qmax);
 
+// Backward of fake quantization (quantization-aware training). With v = x / scale and
+// q = round_half_to_even(v) + zero_point before saturation:
+//  - the straight-through estimator passes the gradient where qmin <= q <= qmax and blocks it where
+//    the value was clipped;
+//  - LSQ (Esser et al., "Learned Step Size Quantization") differentiates y = (sat(q) - zp) * scale
+//    by the scale with round() treated as identity: round(v) - v inside the range, qmin - zp below
+//    it, qmax - zp above it; the sum over the elements sharing a scale is multiplied by
+//    1 / sqrt(N * Qp), N those elements and Qp = qmax - zero_point, so the step size learns at the
+//    pace of the weights.
+bool fake_quantize_passes_ref(float x, float scale, int32_t zero_point, int32_t qmin, int32_t qmax);
+float fake_quantize_scale_slope_ref(float x, float scale, int32_t zero_point, int32_t qmin, int32_t qmax);
+double lsq_grad_scale_ref(int64_t elements_per_scale, int32_t zero_point, int32_t qmax);
+
 // Requantization of an int32 accumulator (QLinearConv / QLinearMatMul):
 // saturate(round_half_to_even(float(acc) * multiplier) + zero_point), with
 // multiplier = in_scale * weight_scale / out_scale computed in float32 in that order.

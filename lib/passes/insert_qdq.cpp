@@ -94,42 +94,48 @@ QuantizedWeight quantize_weight(const Tensor& w, int axis, int qmax) {
   return quantize_weight_with_scales(w, axis, weight_channel_scales(w, axis, qmax), qmax);
 }
 
+bool prepare_opset_for_qdq(ir::Model& model, bool per_channel, std::vector<std::string>& notes) {
+  const int64_t original_opset = model.opset();
+  if (original_opset >= 13) return per_channel;
+  std::string why;
+  if (upgrade_opset(model, 13, &why)) {
+    notes.push_back(fmt::format("raised the model's opset from {} to 13 for per-axis QuantizeLinear/DequantizeLinear",
+                                original_opset));
+    return per_channel;
+  }
+  if (original_opset < 10)
+    fail_input("model opset {} has no QuantizeLinear/DequantizeLinear and cannot be raised: {}", original_opset, why);
+  if (per_channel)
+    notes.push_back(fmt::format("per-channel weights need opset 13 and this opset-{} model cannot be raised ({}): "
+                                "weights are quantized per tensor",
+                                original_opset, why));
+  return false;
+}
+
+calib::QParams activation_qparams(const calib::TensorCalib& c, const QdqOptions& o) {
+  if (o.activation_type == "int8") return calib::symmetric_int8(c.amax);
+  if (o.symmetric) return calib::asymmetric_uint8(-c.amax, c.amax);
+  return calib::asymmetric_uint8(c.min, c.max);
+}
+
+int weight_qmax(const QdqOptions& o) { return o.weight_bits == 4 ? 7 : (o.reduce_range ? 63 : 127); }
+
 QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& o) {
   if (o.activation_type != "int8" && o.activation_type != "uint8")
     fail_input("activation type must be int8 or uint8, got '{}'", o.activation_type);
   Graph& g = *model.graph;
   QdqReport rep;
-  bool per_channel = o.per_channel;
-  const int64_t original_opset = model.opset();
-  if (original_opset < 13) {
-    std::string why;
-    if (upgrade_opset(model, 13, &why)) {
-      rep.notes.push_back(fmt::format("raised the model's opset from {} to 13 for per-axis QuantizeLinear/DequantizeLinear",
-                                      original_opset));
-    } else if (original_opset < 10) {
-      fail_input("model opset {} has no QuantizeLinear/DequantizeLinear and cannot be raised: {}", original_opset, why);
-    } else if (per_channel) {
-      per_channel = false;
-      rep.notes.push_back(fmt::format("per-channel weights need opset 13 and this opset-{} model cannot be raised ({}): "
-                                      "weights are quantized per tensor",
-                                      original_opset, why));
-    }
-  }
+  const bool per_channel = prepare_opset_for_qdq(model, o.per_channel, rep.notes);
   rep.per_channel = per_channel;
 
   QuantPlacement plan = place_quantizers(model, table, o, per_channel);
   rep.quantized = plan.report.quantized;
   rep.skipped = plan.report.skipped;
   for (std::string& n : plan.report.notes) rep.notes.push_back(std::move(n));
-  auto table_q = [&](const calib::TensorCalib& c) {
-    if (o.activation_type == "int8") return calib::symmetric_int8(c.amax);
-    if (o.symmetric) return calib::asymmetric_uint8(-c.amax, c.amax);
-    return calib::asymmetric_uint8(c.min, c.max);
-  };
   // Learned scales (QAT export) replace the ones the table's ranges give.
   auto qparams_for = [&](const Value* v, int group) {
     auto it = o.activation_qparams.find(v->name());
-    return it != o.activation_qparams.end() ? it->second : table_q(plan.group_ranges[static_cast<size_t>(group)]);
+    return it != o.activation_qparams.end() ? it->second : activation_qparams(plan.group_ranges[static_cast<size_t>(group)], o);
   };
   std::set<const Node*> anchor_set;
   for (const auto& a : plan.anchors) anchor_set.insert(a.node);
@@ -185,7 +191,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     auto key = std::make_pair(w, axis);
     auto it = weight_cache.find(key);
     if (it == weight_cache.end()) {
-      const int qmax = o.weight_bits == 4 ? 7 : (o.reduce_range ? 63 : 127);
+      const int qmax = weight_qmax(o);
       auto learned = o.weight_scales.find(w->name());
       QuantizedWeight qw = learned != o.weight_scales.end()
                                ? quantize_weight_with_scales(*constant_value(w), axis, learned->second, qmax)

@@ -57,6 +57,14 @@ struct QdqReport {
 // (or the weights fall back to per tensor, with a note, when the model cannot be raised).
 QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, const QdqOptions& options);
 
+// The opset step of insert_qdq on its own (fake-quant insertion takes it too, so both see the same
+// graph): raises the opset to 13 where possible; returns whether weights can be per channel.
+bool prepare_opset_for_qdq(ir::Model& model, bool per_channel, std::vector<std::string>& notes);
+// Quantization parameters of an activation with calibration range `c` under the options.
+calib::QParams activation_qparams(const calib::TensorCalib& c, const QdqOptions& options);
+// Largest weight magnitude in integer steps: 127, 63 with reduce_range, 7 with 4-bit weights.
+int weight_qmax(const QdqOptions& options);
+
 // Quantization parameters of a weight tensor (int8 symmetric, per channel along `axis`, or per
 // tensor when axis < 0), and its quantized values.
 struct QuantizedWeight {

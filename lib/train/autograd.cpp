@@ -55,6 +55,9 @@ bool is_pass_through(const ir::Node& n) {
 }
 
 bool is_weight_slot(const ir::Node& n, int index) {
+  // Step sizes (LSQ), and weights and biases behind their fake quantizers.
+  if (n.domain == "mpq" && n.op_type == "FakeQuant") return index <= 1;
+  if (n.domain == "mpq" && n.op_type == "FakeQuantBias") return index == 0;
   if (!n.domain.empty()) return false;
   const std::string& op = n.op_type;
   if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul") return index == 1 || index == 2;

@@ -26,6 +26,7 @@ OneNode build(const std::string& op, const std::vector<Tensor>& inputs, const st
               const GradCheckOptions& o, const std::vector<size_t>& wrt) {
   OneNode m;
   m.model.set_opset("", o.opset);
+  if (!o.domain.empty()) m.model.set_opset(o.domain, 1);
   ir::Graph* g = m.model.graph.get();
   std::vector<ir::Value*> ins;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -51,7 +52,7 @@ OneNode build(const std::string& op, const std::vector<Tensor>& inputs, const st
     g->add_output(v);
     outs.push_back(v);
   }
-  ir::Node* n = g->add_node(op, ins, outs, "node_under_test");
+  ir::Node* n = g->add_node(op, ins, outs, "node_under_test", o.domain);
   for (const auto& a : attrs) n->set_attr(a);
   return m;
 }

@@ -17,6 +17,7 @@ namespace mpq::test {
 
 struct GradCheckOptions {
   int opset = 17;
+  std::string domain;        // the op's domain ("" for ONNX; "mpq" for mpq's own ops, at version 1)
   std::vector<size_t> wrt;   // inputs to differentiate; empty: every float input
   size_t n_outputs = 1;
   int threads = 3;

@@ -17,6 +17,7 @@ void register_all(OpRegistry& r) {
   cpu::register_quant(r);
   cpu::register_control_flow(r);
   cpu::register_rnn(r);
+  cpu::register_fake_quant(r);
 }
 
 }  // namespace mpq::rt

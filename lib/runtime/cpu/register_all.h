@@ -18,5 +18,6 @@ void register_resize(OpRegistry& r);        // resize.cpp: Resize, Upsample
 void register_quant(OpRegistry& r);         // quant.cpp: Quantize/DequantizeLinear, QLinear*, *Integer
 void register_control_flow(OpRegistry& r);  // control_flow.cpp: If, Loop, Scan
 void register_rnn(OpRegistry& r);           // rnn.cpp: LSTM, GRU, RNN
+void register_fake_quant(OpRegistry& r);    // fake_quant.cpp: mpq::FakeQuant (quantization-aware training)
 
 }  // namespace mpq::rt::cpu

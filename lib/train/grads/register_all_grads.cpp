@@ -14,6 +14,7 @@ void register_all_grads(GradRegistry& r) {
   grads::register_shape_grads(r);
   grads::register_tensor_grads(r);
   grads::register_resize_grads(r);
+  grads::register_fake_quant_grads(r);
 }
 
 }  // namespace mpq::train

@@ -17,5 +17,6 @@ void register_reduce_grads(GradRegistry& r);   // reduce_grad.cpp: ReduceMean, R
 void register_shape_grads(GradRegistry& r);    // shape_grad.cpp: Reshape, Transpose, Concat, Split, Slice, Pad, ...
 void register_tensor_grads(GradRegistry& r);   // tensor_grad.cpp: Gather, GatherElements
 void register_resize_grads(GradRegistry& r);   // resize_grad.cpp: Resize
+void register_fake_quant_grads(GradRegistry& r);  // fake_quant_grad.cpp: mpq::FakeQuant (STE, LSQ)
 
 }  // namespace mpq::train::grads

@@ -1,0 +1,115 @@
+#include "runtime/cpu/fake_quant.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "runtime/cpu/common.h"
+#include "runtime/cpu/register_all.h"
+
+namespace mpq::rt::cpu {
+
+FakeQuantLayout fake_quant_layout(const ir::Node& node, const Shape& x, const Tensor& scale, const Tensor* zero_point) {
+  FakeQuantLayout l;
+  const int64_t qmin = node.attr_int("qmin", -128), qmax = node.attr_int("qmax", 127);
+  if (qmin >= qmax || qmin < INT32_MIN || qmax > INT32_MAX)
+    fail_input("{}: quantized range [{}, {}] is empty or outside int32", node.label(), qmin, qmax);
+  l.qmin = static_cast<int32_t>(qmin);
+  l.qmax = static_cast<int32_t>(qmax);
+  if (scale.dtype() != DType::Float32) fail_input("{}: scale must be float32, got {}", node.label(), dtype_name(scale.dtype()));
+  const int64_t n = scale.numel();
+  const int rank = static_cast<int>(x.size());
+  if (n == 1) {
+    l.inner = shape_numel(x);
+  } else {
+    int64_t axis = node.attr_int("axis", 1);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) fail_input("{}: axis {} is out of range for an input of rank {}", node.label(), node.attr_int("axis", 1), rank);
+    if (x[static_cast<size_t>(axis)] != n)
+      fail_input("{}: {} scales for axis {} of size {}", node.label(), n, axis, x[static_cast<size_t>(axis)]);
+    l.channels = n;
+    for (int d = 0; d < axis; ++d) l.outer *= x[static_cast<size_t>(d)];
+    for (int d = static_cast<int>(axis) + 1; d < rank; ++d) l.inner *= x[static_cast<size_t>(d)];
+  }
+  l.scale.assign(scale.data<float>(), scale.data<float>() + n);
+  for (float s : l.scale)
+    if (!(s > 0) || !std::isfinite(s)) fail_input("{}: scale {} is not a positive finite number", node.label(), s);
+  l.zero_point.assign(static_cast<size_t>(n), 0);
+  if (zero_point && zero_point->defined()) {
+    if (zero_point->numel() != n && zero_point->numel() != 1)
+      fail_input("{}: {} zero points for {} scales", node.label(), zero_point->numel(), n);
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t z = zero_point->get_int64(zero_point->numel() == 1 ? 0 : c);
+      if (z < l.qmin || z > l.qmax) fail_input("{}: zero point {} is outside [{}, {}]", node.label(), z, l.qmin, l.qmax);
+      l.zero_point[static_cast<size_t>(c)] = static_cast<int32_t>(z);
+    }
+  }
+  return l;
+}
+
+void fake_quantize(ThreadPool& pool, const FakeQuantLayout& l, const float* x, float* y) {
+  const int64_t runs = l.outer * l.channels;
+  pool.parallel_for(runs, std::max<int64_t>(1, 16384 / std::max<int64_t>(l.inner, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const size_t c = static_cast<size_t>(r % l.channels);
+      const float s = l.scale[c];
+      const float zp = static_cast<float>(l.zero_point[c]);
+      const float lo_q = static_cast<float>(l.qmin), hi_q = static_cast<float>(l.qmax);
+      const float* xr = x + r * l.inner;
+      float* yr = y + r * l.inner;
+      for (int64_t i = 0; i < l.inner; ++i) {
+        // nearbyint rounds half to even in the default rounding mode, as round_half_to_even does;
+        // int8/uint8 ranges and their zero points are exact in float.
+        float q = std::nearbyint(xr[i] / s) + zp;
+        q = q < lo_q ? lo_q : q;
+        q = q > hi_q ? hi_q : q;
+        if (q != q) q = zp;  // NaN quantizes to the zero point
+        yr[i] = (q - zp) * s;
+      }
+    }
+  });
+}
+
+bool fake_quantize_bias(const float* bias, int64_t channels, float input_scale, const float* weight_scales,
+                        int64_t n_weight_scales, float* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+    const float s = input_scale * weight_scales[n_weight_scales == 1 ? 0 : c];
+    const double r = std::nearbyint(static_cast<double>(bias[c]) / static_cast<double>(s));
+    if (!(std::fabs(r) <= static_cast<double>(INT32_MAX))) return false;
+    out[c] = static_cast<float>(static_cast<int32_t>(std::nearbyint(bias[c] / s))) * s;
+  }
+  return true;
+}
+
+namespace {
+
+void fake_quant_bias_kernel(KernelContext& ctx) {
+  const Tensor& b = ctx.input(0);
+  const Tensor& sx = ctx.input(1);
+  const Tensor& sw = ctx.input(2);
+  if (b.dtype() != DType::Float32 || sx.dtype() != DType::Float32 || sw.dtype() != DType::Float32)
+    ctx.fail("bias and scales must be float32");
+  if (b.rank() != 1 || sx.numel() != 1 || (sw.numel() != 1 && sw.numel() != b.numel()))
+    ctx.fail("bias {} needs one input scale and one or {} weight scales, got {} and {}", shape_str(b.shape()), b.numel(),
+             sx.numel(), sw.numel());
+  Tensor& y = ctx.alloc_output(0, DType::Float32, b.shape());
+  if (!fake_quantize_bias(b.data<float>(), b.numel(), sx.data<float>()[0], sw.data<float>(), sw.numel(), y.data<float>()))
+    std::copy(b.data<float>(), b.data<float>() + b.numel(), y.data<float>());
+}
+
+void fake_quant_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (x.dtype() != DType::Float32) ctx.fail("X must be float32, got {}", dtype_name(x.dtype()));
+  const FakeQuantLayout l = fake_quant_layout(ctx.node(), x.shape(), ctx.input(1), ctx.input_or_null(2));
+  Tensor& y = ctx.alloc_output(0, DType::Float32, x.shape());
+  fake_quantize(ctx.pool(), l, x.data<float>(), y.data<float>());
+}
+
+}  // namespace
+
+void register_fake_quant(OpRegistry& r) {
+  r.add_fn(kFakeQuantDomain, kFakeQuantOp, 1, kMaxOpset, BackendKind::CPU, fake_quant_kernel);
+  r.add_fn(kFakeQuantDomain, kFakeQuantBiasOp, 1, kMaxOpset, BackendKind::CPU, fake_quant_bias_kernel);
+}
+
+}  // namespace mpq::rt::cpu

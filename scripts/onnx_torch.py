@@ -1,0 +1,191 @@
+"""A small ONNX interpreter on PyTorch tensors, so that PyTorch autograd can differentiate an ONNX
+graph exactly as written (weights are the ONNX initializers, folded BatchNorm stays folded, MatMul
+weights stay transposed as the exporter stored them). Used to produce reference gradients
+(make_grad_refs.py) and the PyTorch side of the QAT and training benchmarks. Covers the ops of
+mpq's test and Fashion-MNIST models; anything else raises NotImplementedError naming the op.
+
+    graph = OnnxTorch(onnx.load(path))
+    params = graph.parameters(trainable_names)   # dict name -> torch.nn.Parameter
+    outputs = graph.run({"input": x}, training=False)
+"""
+import numpy as np
+import onnx
+import onnx.numpy_helper as nh
+import torch
+import torch.nn.functional as F
+
+
+def _attrs(node):
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+class OnnxTorch:
+    def __init__(self, model):
+        self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.init = {i.name: torch.from_numpy(nh.to_array(i).copy()) for i in model.graph.initializer}
+        self.params = {}
+        # Hooks: called with (node, inputs, outputs) after each node (e.g. fake quantization).
+        self.after_node = None
+        self.input_hook = None  # (node, index, tensor) -> tensor, applied to each node input
+
+    def parameters(self, names):
+        for n in names:
+            t = self.init[n]
+            self.params[n] = torch.nn.Parameter(t.clone().float() if t.is_floating_point() else t.clone())
+        return self.params
+
+    def run(self, feeds, training=False, bn_momentum_updates=False):
+        env = dict(self.init)
+        env.update(self.params)
+        env.update({k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(v)) for k, v in feeds.items()})
+        for node in self.model.graph.node:
+            ins = [env[i] if i else None for i in node.input]
+            if self.input_hook:
+                ins = [self.input_hook(node, k, t) if t is not None else None for k, t in enumerate(ins)]
+            outs = self._op(node, ins, training)
+            if not isinstance(outs, (list, tuple)):
+                outs = [outs]
+            if self.after_node:
+                outs = self.after_node(node, ins, list(outs))
+            for name, t in zip(node.output, outs):
+                if name:
+                    env[name] = t
+        return [env[o.name] for o in self.model.graph.output]
+
+    def _op(self, node, x, training):
+        a = _attrs(node)
+        op = node.op_type
+        if op == "Constant":
+            return torch.from_numpy(nh.to_array(a["value"]).copy())
+        if op == "Identity":
+            return x[0]
+        if op in ("Conv", "ConvTranspose"):
+            k = x[1].dim() - 2
+            pads = a.get("pads", [0] * 2 * k)
+            strides = a.get("strides", [1] * k)
+            dil = a.get("dilations", [1] * k)
+            group = a.get("group", 1)
+            if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+                raise NotImplementedError("auto_pad")
+            if op == "Conv":
+                inp = x[0]
+                if pads[:k] != pads[k:]:
+                    pad = []
+                    for d in reversed(range(k)):
+                        pad += [pads[d], pads[k + d]]
+                    inp, pads = F.pad(inp, pad), [0] * 2 * k
+                fn = F.conv1d if k == 1 else F.conv2d
+                return fn(inp, x[1], x[2] if len(x) > 2 else None, strides, pads[:k], dil, group)
+            fn = F.conv_transpose1d if k == 1 else F.conv_transpose2d
+            return fn(x[0], x[1], x[2] if len(x) > 2 else None, strides, pads[:k], a.get("output_padding", [0] * k), group, dil)
+        if op == "BatchNormalization":
+            mom = 1.0 - a.get("momentum", 0.9)
+            return F.batch_norm(x[0], x[3], x[4], x[1], x[2], training=training, momentum=mom, eps=a.get("epsilon", 1e-5))
+        if op == "LayerNormalization":
+            axis = a.get("axis", -1)
+            shape = x[0].shape[axis:]
+            return F.layer_norm(x[0], shape, x[1], x[2] if len(x) > 2 else None, a.get("epsilon", 1e-5))
+        if op == "Relu":
+            return F.relu(x[0])
+        if op == "LeakyRelu":
+            return F.leaky_relu(x[0], a.get("alpha", 0.01))
+        if op == "Sigmoid":
+            return torch.sigmoid(x[0])
+        if op == "Tanh":
+            return torch.tanh(x[0])
+        if op == "HardSigmoid":
+            return torch.clamp(a.get("alpha", 0.2) * x[0] + a.get("beta", 0.5), 0, 1)
+        if op == "HardSwish":
+            return F.hardswish(x[0])
+        if op == "Clip":
+            lo = x[1] if len(x) > 1 and x[1] is not None else None
+            hi = x[2] if len(x) > 2 and x[2] is not None else None
+            return torch.clamp(x[0], lo, hi)
+        if op == "Erf":
+            return torch.erf(x[0])
+        if op == "Sqrt":
+            return torch.sqrt(x[0])
+        if op == "Add":
+            return x[0] + x[1]
+        if op == "Sub":
+            return x[0] - x[1]
+        if op == "Mul":
+            return x[0] * x[1]
+        if op == "Div":
+            if not x[0].is_floating_point():
+                return torch.div(x[0], x[1], rounding_mode="trunc")
+            return x[0] / x[1]
+        if op == "Pow":
+            return torch.pow(x[0], x[1])
+        if op == "GlobalAveragePool":
+            return x[0].mean(dim=tuple(range(2, x[0].dim())), keepdim=True)
+        if op in ("MaxPool", "AveragePool"):
+            k = a["kernel_shape"]
+            pads = a.get("pads", [0] * 2 * len(k))
+            if op == "MaxPool":
+                return F.max_pool2d(x[0], k, a.get("strides", k), pads[: len(k)], ceil_mode=bool(a.get("ceil_mode", 0)))
+            return F.avg_pool2d(x[0], k, a.get("strides", k), pads[: len(k)], ceil_mode=bool(a.get("ceil_mode", 0)),
+                                count_include_pad=bool(a.get("count_include_pad", 0)))
+        if op == "Flatten":
+            ax = a.get("axis", 1)
+            return x[0].reshape(int(np.prod(x[0].shape[:ax])), -1)
+        if op == "Gemm":
+            A = x[0].t() if a.get("transA", 0) else x[0]
+            B = x[1].t() if a.get("transB", 0) else x[1]
+            y = a.get("alpha", 1.0) * (A @ B)
+            if len(x) > 2 and x[2] is not None:
+                y = y + a.get("beta", 1.0) * x[2]
+            return y
+        if op == "MatMul":
+            return torch.matmul(x[0], x[1])
+        if op == "Shape":
+            return torch.tensor(list(x[0].shape), dtype=torch.int64)
+        if op == "Slice":
+            starts, ends = x[1].tolist(), x[2].tolist()
+            axes = x[3].tolist() if len(x) > 3 and x[3] is not None else list(range(len(starts)))
+            steps = x[4].tolist() if len(x) > 4 and x[4] is not None else [1] * len(starts)
+            idx = [slice(None)] * x[0].dim()
+            for s, e, ax, st in zip(starts, ends, axes, steps):
+                if st != 1:
+                    raise NotImplementedError("Slice step")
+                n = x[0].shape[ax]
+                s = max(0, min(n, s + n if s < 0 else s))
+                e = max(0, min(n, e + n if e < 0 else e))
+                idx[ax] = slice(s, e)
+            return x[0][tuple(idx)]
+        if op == "Concat":
+            return torch.cat(x, dim=a["axis"])
+        if op == "Reshape":
+            shape = x[1].tolist()
+            shape = [x[0].shape[i] if s == 0 and not a.get("allowzero", 0) else s for i, s in enumerate(shape)]
+            return x[0].reshape(shape)
+        if op == "Transpose":
+            return x[0].permute(a.get("perm", list(reversed(range(x[0].dim())))))
+        if op in ("ReduceMean", "ReduceSum"):
+            axes = a.get("axes") if "axes" in a else (x[1].tolist() if len(x) > 1 and x[1] is not None else None)
+            keep = bool(a.get("keepdims", 1))
+            dims = tuple(axes) if axes is not None else tuple(range(x[0].dim()))
+            return x[0].mean(dim=dims, keepdim=keep) if op == "ReduceMean" else x[0].sum(dim=dims, keepdim=keep)
+        if op == "Gather":
+            ax = a.get("axis", 0)
+            idx = x[1].long()
+            idx = torch.where(idx < 0, idx + x[0].shape[ax], idx)
+            out = torch.index_select(x[0], ax, idx.reshape(-1))
+            return out.reshape(tuple(x[0].shape[:ax]) + tuple(idx.shape) + tuple(x[0].shape[ax + 1:]))
+        if op == "Unsqueeze":
+            axes = a["axes"] if "axes" in a else x[1].tolist()
+            y = x[0]
+            rank = y.dim() + len(axes)
+            for ax in sorted(v + rank if v < 0 else v for v in axes):
+                y = y.unsqueeze(ax)
+            return y
+        if op == "Squeeze":
+            axes = a["axes"] if "axes" in a else x[1].tolist()
+            y = x[0]
+            for ax in sorted((v + y.dim() if v < 0 else v for v in axes), reverse=True):
+                y = y.squeeze(ax)
+            return y
+        if op == "Softmax":
+            return torch.softmax(x[0], dim=a.get("axis", -1))
+        raise NotImplementedError(f"onnx_torch: op {op} ({node.name})")
