@@ -5,8 +5,10 @@
 //   training (batch statistics):  xhat = (x - mean_B) inv,  inv = 1 / sqrt(var_B + eps)
 //     dB = sum g,  dscale = sum g xhat,  dX = scale inv (g - dB / M - xhat dscale / M)
 //   eval (running statistics, a frozen affine map): dX = g scale inv, same dB and dscale.
-// The training forward (GradDef.train_forward) computes the batch statistics, stashes the mean and
-// inv it used for the backward, and hands back new running statistics. Every per-feature sum over
+// The training forward (GradDef.train_forward) replaces the inference kernel whenever the engine
+// runs the node: the engine's mode, not the model's training_mode / is_test, picks batch or
+// running statistics. It stashes the mean and inv it used for the backward and, in training, hands
+// back new running statistics. Every per-feature sum over
 // N * S is cut into blocks of whole rows whose size depends on the shape alone; each block is
 // summed by one thread and the blocks are added in order in double, so results are bit-identical
 // at any thread count.
@@ -79,26 +81,65 @@ BnGeometry bn_geometry(const Shape& x, const std::vector<int64_t>& param_counts,
 }
 
 // Per-feature sums of K quantities: row(f, n, acc) adds the (f, n) row's S values into acc.
-// Blocks of `nb` batch entries per feature, each summed by one thread, added in block order.
+// A task covers a run of features (one when rows are long, many when they are short, so that
+// [N, C] inputs are read along their rows) over a block of batch entries; each feature's blocks
+// are added in order. Both sizes depend on the shape alone.
 template <size_t K, typename RowFn>
 std::vector<std::array<double, K>> feature_sums(rt::ThreadPool& pool, const BnGeometry& geo, RowFn row) {
-  const int64_t nb = std::max<int64_t>(1, kBlockElems / std::max<int64_t>(geo.S, 1));
+  using Acc = std::array<double, K>;
+  const int64_t fw = geo.S >= 32 ? 1 : std::max<int64_t>(1, std::min<int64_t>(geo.F, 256));
+  const int64_t chunks = geo.F > 0 ? (geo.F + fw - 1) / fw : 0;
+  const int64_t nb = std::max<int64_t>(1, kBlockElems / std::max<int64_t>(fw * geo.S, 1));
   const int64_t blocks = geo.N > 0 ? (geo.N + nb - 1) / nb : 0;
-  std::vector<std::array<double, K>> partial(static_cast<size_t>(geo.F * blocks));
-  pool.parallel_for(geo.F * blocks, std::max<int64_t>(1, kBlockElems / std::max<int64_t>(nb * geo.S, 1)),
-                    [&](int64_t lo, int64_t hi) {
-                      for (int64_t t = lo; t < hi; ++t) {
-                        const int64_t f = t / blocks, b = t % blocks;
-                        std::array<double, K> acc{};
-                        for (int64_t n = b * nb; n < std::min(geo.N, (b + 1) * nb); ++n) row(f, n, acc);
-                        partial[static_cast<size_t>(t)] = acc;
-                      }
-                    });
-  std::vector<std::array<double, K>> total(static_cast<size_t>(geo.F));
+  std::vector<Acc> partial(static_cast<size_t>(geo.F * blocks));
+  pool.parallel_for(chunks * blocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<Acc> acc(static_cast<size_t>(fw));
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t f0 = (t / blocks) * fw, f1 = std::min(geo.F, f0 + fw), b = t % blocks;
+      std::fill(acc.begin(), acc.end(), Acc{});
+      for (int64_t n = b * nb; n < std::min(geo.N, (b + 1) * nb); ++n)
+        for (int64_t f = f0; f < f1; ++f) row(f, n, acc[static_cast<size_t>(f - f0)]);
+      for (int64_t f = f0; f < f1; ++f) partial[static_cast<size_t>(f * blocks + b)] = acc[static_cast<size_t>(f - f0)];
+    }
+  });
+  std::vector<Acc> total(static_cast<size_t>(geo.F));
   for (int64_t f = 0; f < geo.F; ++f)
     for (int64_t b = 0; b < blocks; ++b)
       for (size_t k = 0; k < K; ++k) total[static_cast<size_t>(f)][k] += partial[static_cast<size_t>(f * blocks + b)][k];
   return total;
+}
+
+// Calls fn(f, offset) for every (n, f) row of S contiguous values: over batch entries when rows
+// are single values ([N, C] inputs), over rows otherwise.
+template <typename Fn>
+void for_each_row(rt::ThreadPool& pool, const BnGeometry& geo, Fn fn) {
+  if (geo.S == 1) {
+    pool.parallel_for(geo.N, math::grain_for(geo.F), [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n)
+        for (int64_t f = 0; f < geo.F; ++f) fn(static_cast<size_t>(f), n * geo.F + f);
+    });
+    return;
+  }
+  pool.parallel_for(geo.N * geo.F, math::grain_for(geo.S), [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) fn(static_cast<size_t>(t % geo.F), t * geo.S);
+  });
+}
+
+// Sum and sum of squared deviations of a short or long contiguous row.
+template <typename T>
+T sum_of(const T* x, int64_t n) {
+  if (n >= 16) return math::row_sum_t(x, n);
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+template <typename T>
+T sq_dev_of(const T* x, int64_t n, T mean) {
+  if (n >= 16) return math::row_sq_dev_t(x, n, mean);
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+  return s;
 }
 
 template <typename T>
@@ -121,11 +162,11 @@ void bn_forward_typed(TrainForwardContext& tctx, const BnGeometry& geo) {
       k.fail("training-mode BatchNormalization needs more than one value per channel, got input shape {}",
              shape_str(x.shape()));
     const auto sums = feature_sums<1>(k.pool(), geo, [&](int64_t f, int64_t n, std::array<double, 1>& acc) {
-      acc[0] += static_cast<double>(math::row_sum_t(px + n * geo.per_n + f * geo.S, geo.S));
+      acc[0] += static_cast<double>(sum_of(px + n * geo.per_n + f * geo.S, geo.S));
     });
     for (size_t f = 0; f < F; ++f) mean[f] = static_cast<T>(sums[f][0] / static_cast<double>(M));
     const auto sq = feature_sums<1>(k.pool(), geo, [&](int64_t f, int64_t n, std::array<double, 1>& acc) {
-      acc[0] += static_cast<double>(math::row_sq_dev_t(px + n * geo.per_n + f * geo.S, geo.S, mean[static_cast<size_t>(f)]));
+      acc[0] += static_cast<double>(sq_dev_of(px + n * geo.per_n + f * geo.S, geo.S, mean[static_cast<size_t>(f)]));
     });
     // Running statistics follow PyTorch, not the ONNX training-mode formula: the running variance
     // moves towards the unbiased batch variance (M / (M - 1) times the biased one the batch is
@@ -156,14 +197,11 @@ void bn_forward_typed(TrainForwardContext& tctx, const BnGeometry& geo) {
   }
   Tensor& y = k.alloc_output(0, x.dtype(), x.shape());
   T* py = y.data<T>();
-  k.pool().parallel_for(geo.N * geo.F, math::grain_for(geo.S), [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const size_t f = static_cast<size_t>(t % geo.F);
-      const T af = a[f], bf = b[f];
-      const T* xr = px + t * geo.S;
-      T* yr = py + t * geo.S;
-      for (int64_t i = 0; i < geo.S; ++i) yr[i] = xr[i] * af + bf;
-    }
+  for_each_row(k.pool(), geo, [&](size_t f, int64_t off) {
+    const T af = a[f], bf = b[f];
+    const T* xr = px + off;
+    T* yr = py + off;
+    for (int64_t i = 0; i < geo.S; ++i) yr[i] = xr[i] * af + bf;
   });
   tctx.stash().push_back(tensor_of(mean, {geo.F}));
   tctx.stash().push_back(tensor_of(inv, {geo.F}));
@@ -222,6 +260,13 @@ void batchnorm_grad(GradContext& ctx) {
       sums = feature_sums<2>(ctx.pool(), geo, [&](int64_t f, int64_t n, std::array<double, 2>& acc) {
         const int64_t off = n * geo.per_n + f * geo.S;
         const T m = mean[static_cast<size_t>(f)];
+        if (geo.S < 8) {
+          for (int64_t i = 0; i < geo.S; ++i) {
+            acc[0] += static_cast<double>(pg[off + i]);
+            acc[1] += static_cast<double>(pg[off + i] * (px[off + i] - m));
+          }
+          return;
+        }
         T sg[8] = {}, sgx[8] = {};
         int64_t i = 0;
         for (; i + 8 <= geo.S; i += 8)
@@ -258,18 +303,15 @@ void batchnorm_grad(GradContext& ctx) {
       }
       Tensor dx(type, xs);
       T* pd = dx.data<T>();
-      ctx.pool().parallel_for(geo.N * geo.F, math::grain_for(geo.S), [&](int64_t lo, int64_t hi) {
-        for (int64_t t = lo; t < hi; ++t) {
-          const size_t f = static_cast<size_t>(t % geo.F);
-          const T kk = kf[f], a = c0[f], c = c1[f], m = mean[f];
-          const T* gr = pg + t * geo.S;
-          T* dr = pd + t * geo.S;
-          if (training) {
-            const T* xr = px + t * geo.S;
-            for (int64_t i = 0; i < geo.S; ++i) dr[i] = kk * (gr[i] - a - (xr[i] - m) * c);
-          } else {
-            for (int64_t i = 0; i < geo.S; ++i) dr[i] = kk * gr[i];
-          }
+      for_each_row(ctx.pool(), geo, [&](size_t f, int64_t off) {
+        const T kk = kf[f], a = c0[f], c = c1[f], m = mean[f];
+        const T* gr = pg + off;
+        T* dr = pd + off;
+        if (training) {
+          const T* xr = px + off;
+          for (int64_t i = 0; i < geo.S; ++i) dr[i] = kk * (gr[i] - a - (xr[i] - m) * c);
+        } else {
+          for (int64_t i = 0; i < geo.S; ++i) dr[i] = kk * gr[i];
         }
       });
       ctx.set_grad(0, std::move(dx));
@@ -342,66 +384,62 @@ void layernorm_grad(GradContext& ctx) {
     const T* s = sc.data();
     Tensor dx = need_x ? Tensor(type, xs) : Tensor();
     T* pd = need_x ? dx.template data<T>() : nullptr;
-    // Blocks of whole rows; block b's column sums land in partial[b].
+    // Blocks of whole rows; block b's column sums land in partial[b] (in T over the block's few
+    // rows, then across blocks in double).
     const int64_t rb = std::max<int64_t>(1, kBlockElems / std::max<int64_t>(D, 1));
     const int64_t blocks = (rows + rb - 1) / rb;
     const bool need_cols = need_s || need_b;
-    std::vector<double> ps(need_s ? static_cast<size_t>(blocks * D) : 0), pb(need_b ? static_cast<size_t>(blocks * D) : 0);
+    std::vector<T> ps(need_s ? static_cast<size_t>(blocks * D) : 0), pb(need_b ? static_cast<size_t>(blocks * D) : 0);
     ctx.pool().parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<T> xhat(static_cast<size_t>(D)), dxh(static_cast<size_t>(D));
       for (int64_t b = lo; b < hi; ++b) {
-        double* cs = need_s ? ps.data() + b * D : nullptr;
-        double* cb = need_b ? pb.data() + b * D : nullptr;
+        T* cs = need_s ? ps.data() + b * D : nullptr;
+        T* cb = need_b ? pb.data() + b * D : nullptr;
         for (int64_t r = b * rb; r < std::min(rows, (b + 1) * rb); ++r) {
           const T* xr = px + r * D;
           const T* gr = pg + r * D;
           const T mean = math::row_sum_t(xr, D) / static_cast<T>(D);
           const T inv = T(1) / std::sqrt(math::row_sq_dev_t(xr, D, mean) / static_cast<T>(D) + static_cast<T>(eps));
-          T a1[8] = {}, a2[8] = {};
-          int64_t i = 0;
-          for (; i + 8 <= D; i += 8)
-            for (int j = 0; j < 8; ++j) {
-              const T xh = (xr[i + j] - mean) * inv, d = gr[i + j] * s[i + j];
-              xhat[static_cast<size_t>(i + j)] = xh;
-              dxh[static_cast<size_t>(i + j)] = d;
-              a1[j] += d;
-              a2[j] += d * xh;
-            }
-          T sum1 = 0, sum2 = 0;
-          for (; i < D; ++i) {
-            const T xh = (xr[i] - mean) * inv, d = gr[i] * s[i];
-            xhat[static_cast<size_t>(i)] = xh;
-            dxh[static_cast<size_t>(i)] = d;
-            sum1 += d;
-            sum2 += d * xh;
-          }
-          for (int j = 0; j < 8; ++j) {
-            sum1 += a1[j];
-            sum2 += a2[j];
-          }
           if (pd) {
+            // sum(dxhat) and sum(dxhat xhat) in 8 lanes, then dX.
+            T a1[8] = {}, a2[8] = {};
+            int64_t i = 0;
+            for (; i + 8 <= D; i += 8)
+              for (int j = 0; j < 8; ++j) {
+                const T d = gr[i + j] * s[i + j];
+                a1[j] += d;
+                a2[j] += d * ((xr[i + j] - mean) * inv);
+              }
+            T sum1 = 0, sum2 = 0;
+            for (; i < D; ++i) {
+              const T d = gr[i] * s[i];
+              sum1 += d;
+              sum2 += d * ((xr[i] - mean) * inv);
+            }
+            for (int j = 0; j < 8; ++j) {
+              sum1 += a1[j];
+              sum2 += a2[j];
+            }
             const T m1 = sum1 / static_cast<T>(D), m2 = sum2 / static_cast<T>(D);
             T* dr = pd + r * D;
-            for (int64_t k = 0; k < D; ++k)
-              dr[k] = inv * (dxh[static_cast<size_t>(k)] - m1 - xhat[static_cast<size_t>(k)] * m2);
+            for (int64_t k = 0; k < D; ++k) dr[k] = inv * (gr[k] * s[k] - m1 - ((xr[k] - mean) * inv) * m2);
           }
           if (cs)
-            for (int64_t k = 0; k < D; ++k) cs[k] += static_cast<double>(gr[k] * xhat[static_cast<size_t>(k)]);
+            for (int64_t k = 0; k < D; ++k) cs[k] += gr[k] * ((xr[k] - mean) * inv);
           if (cb)
-            for (int64_t k = 0; k < D; ++k) cb[k] += static_cast<double>(gr[k]);
+            for (int64_t k = 0; k < D; ++k) cb[k] += gr[k];
         }
       }
     });
     if (need_x) ctx.set_grad(0, std::move(dx));
     if (!need_cols) return;
     // Column totals, block by block in order.
-    auto total = [&](const std::vector<double>& part) {
+    auto total = [&](const std::vector<T>& part) {
       Tensor out(type, norm_shape);
       T* po = out.data<T>();
       ctx.pool().parallel_for(D, 1024, [&](int64_t lo, int64_t hi) {
         for (int64_t k = lo; k < hi; ++k) {
           double acc = 0;
-          for (int64_t b = 0; b < blocks; ++b) acc += part[static_cast<size_t>(b * D + k)];
+          for (int64_t b = 0; b < blocks; ++b) acc += static_cast<double>(part[static_cast<size_t>(b * D + k)]);
           po[k] = static_cast<T>(acc);
         }
       });
