@@ -31,6 +31,7 @@ void setup_quantize(CLI::App& sub, Action& action);
 void setup_convert(CLI::App& sub, Action& action);
 void setup_validate(CLI::App& sub, Action& action);
 void setup_sensitivity(CLI::App& sub, Action& action);
+void setup_qat_finetune(CLI::App& sub, Action& action);
 
 // The command line as typed, for provenance in output files.
 const std::string& command_line();

@@ -21,6 +21,7 @@ const std::vector<Command>& commands() {
       {"quantize", "Quantize to INT8 and export standard QDQ (or QOperator) ONNX", setup_quantize},
       {"validate", "Compare a candidate model with its FP32 reference and gate on thresholds", setup_validate},
       {"sensitivity", "Rank quantized layers by the accuracy they cost; keep the fewest in FP32 to meet a budget", setup_sensitivity},
+      {"qat-finetune", "Quantization-aware fine-tuning (label-free distillation by default), exported as INT8 QDQ", setup_qat_finetune},
       {"devices", "Show the compute devices this build can use", setup_devices},
   };
   return table;

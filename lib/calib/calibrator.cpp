@@ -106,6 +106,13 @@ class ActivationStats {
 }  // namespace
 
 CalibrationTable calibrate(const ir::Model& model, const data::FeedSource& feeds, const CalibOptions& o) {
+  const int64_t total = static_cast<int64_t>(feeds.size());
+  if (total == 0) fail_input("{}: no feeds to calibrate with", feeds.dir().string());
+  return calibrate(model, total, [&](int64_t i) { return feeds.get(static_cast<size_t>(i)); }, o);
+}
+
+CalibrationTable calibrate(const ir::Model& model, int64_t count, const std::function<data::Feed(int64_t)>& get,
+                           const CalibOptions& o) {
   if (o.activation_type != "int8" && o.activation_type != "uint8")
     fail_input("activation type must be int8 or uint8, got '{}'", o.activation_type);
   if (o.batch_size < 1) fail_input("--batch-size must be at least 1");
@@ -118,13 +125,13 @@ CalibrationTable calibrate(const ir::Model& model, const data::FeedSource& feeds
   ActivationStats collected(histogram, o.bins, exec.pool());
   exec.set_observer([&](const ir::Value& v, const Tensor& t) { collected.observe(v, t); });
 
-  int64_t total = static_cast<int64_t>(feeds.size());
+  int64_t total = count;
   if (o.max_samples >= 0) total = std::min<int64_t>(total, o.max_samples);
-  if (total == 0) fail_input("{}: no feeds to calibrate with", feeds.dir().string());
+  if (total == 0) fail_input("no feeds to calibrate with");
   uint64_t rows = 0;
   for (int64_t i = 0; i < total;) {
     std::vector<data::Feed> batch;
-    for (int b = 0; b < o.batch_size && i < total; ++b, ++i) batch.push_back(feeds.get(static_cast<size_t>(i)));
+    for (int b = 0; b < o.batch_size && i < total; ++b, ++i) batch.push_back(get(i));
     data::Feed feed = data::concat_feeds(batch);
     rows += static_cast<uint64_t>(feed.rows);
     exec.run(feed.tensors);

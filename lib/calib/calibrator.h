@@ -28,6 +28,10 @@ struct CalibOptions {
 
 // Fails (BadInput) when the data does not fit the model; warns about NaN/inf per tensor.
 CalibrationTable calibrate(const ir::Model& model, const data::FeedSource& feeds, const CalibOptions& options);
+// The same over feeds produced on demand (`get(i)` for i < count), e.g. batches of rows held in
+// memory by the QAT loop.
+CalibrationTable calibrate(const ir::Model& model, int64_t count, const std::function<data::Feed(int64_t)>& get,
+                           const CalibOptions& options);
 
 // Quantization parameters for one tensor's statistics under the options (shared with quantize).
 TensorCalib make_tensor_calib(const std::string& name, const TensorStats& stats, const CalibOptions& options);

@@ -1,7 +1,8 @@
 #pragma once
 // Training losses with their gradients, computed in double and returned as float32 (float64 for
 // float64 inputs). Each is the mean over the batch, as PyTorch's default reductions are, so a loss
-// does not change scale with the batch size.
+// does not change scale with the batch size. A non-finite input gives a non-finite loss and
+// gradient, which the training step then skips (as GradScaler skips inf/NaN gradients).
 #include "core/tensor.h"
 
 namespace mpq::train {

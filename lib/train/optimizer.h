@@ -49,6 +49,11 @@ class Optimizer {
   virtual void save(Checkpoint& c, const std::vector<Parameter>& params) const = 0;
   virtual void load(const Checkpoint& c, const std::vector<Parameter>& params) = 0;
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Changes a group's learning-rate factor (0 freezes it: no update, momentum included).
+  void set_lr_scale(const std::string& group, double scale) {
+    for (ParamGroup& g : groups_)
+      if (g.name == group) g.lr_scale = scale;
+  }
   int64_t steps() const { return steps_; }
 
  protected:

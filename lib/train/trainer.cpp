@@ -7,7 +7,7 @@ namespace mpq::train {
 Trainer::Trainer(Autograd& engine, Optimizer& optimizer, GradScaler& scaler, LrSchedule schedule, double max_grad_norm)
     : engine_(engine), optimizer_(optimizer), scaler_(scaler), schedule_(schedule), max_grad_norm_(max_grad_norm) {}
 
-StepResult Trainer::step(const rt::Feeds& feeds, const LossFn& loss) {
+StepResult Trainer::step(const rt::Feeds& feeds, const LossFn& loss, const Hook& before_update) {
   StepResult r;
   r.lr = schedule_.at(step_);
   r.loss_scale = scaler_.scale();
@@ -32,6 +32,7 @@ StepResult Trainer::step(const rt::Feeds& feeds, const LossFn& loss) {
   std::vector<Parameter>& params = engine_.parameters();
   r.skipped = scaler_.unscale(params);
   if (!r.skipped) {
+    if (before_update) before_update(params);
     r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(params, max_grad_norm_) : grad_norm(params);
     optimizer_.step(params, r.lr);
   }

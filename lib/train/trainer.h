@@ -32,7 +32,9 @@ class Trainer {
  public:
   // max_grad_norm <= 0: no clipping.
   Trainer(Autograd& engine, Optimizer& optimizer, GradScaler& scaler, LrSchedule schedule, double max_grad_norm = 0.0);
-  StepResult step(const rt::Feeds& feeds, const LossFn& loss);
+  // Called after unscaling and before clipping and the update (e.g. to freeze some parameters).
+  using Hook = std::function<void(std::vector<Parameter>& params)>;
+  StepResult step(const rt::Feeds& feeds, const LossFn& loss, const Hook& before_update = Hook());
   int64_t steps_done() const { return step_; }
   void set_steps_done(int64_t s) { step_ = s; }
 

@@ -17,7 +17,6 @@ namespace mpq::test {
 
 struct GradCheckOptions {
   int opset = 17;
-  std::string domain;        // the op's domain ("" for ONNX; "mpq" for mpq's own ops, at version 1)
   std::vector<size_t> wrt;   // inputs to differentiate; empty: every float input
   size_t n_outputs = 1;
   int threads = 3;
@@ -28,6 +27,7 @@ struct GradCheckOptions {
   int max_elements = 256;    // elements perturbed per input (a seeded sample when larger)
   uint32_t seed = 7;
   std::vector<size_t> loss_outputs;  // outputs in the loss; empty: every float output
+  std::string domain;        // the op's domain ("" for ONNX; "mpq" for mpq's own ops, at version 1)
 };
 
 // Runs the check with Catch2 assertions (one INFO line per failing element).
