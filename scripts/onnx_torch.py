@@ -188,4 +188,35 @@ class OnnxTorch:
             return y
         if op == "Softmax":
             return torch.softmax(x[0], dim=a.get("axis", -1))
+        if node.domain == "mpq" and op == "FakeQuant":
+            return self.fake_quant(node, a, x)
+        if node.domain == "mpq" and op == "FakeQuantBias":
+            scale = x[1] * x[2]
+            q = torch.round(x[0] / scale)
+            return x[0] + (q * scale - x[0]).detach()  # int32 rounding, identity gradient
         raise NotImplementedError(f"onnx_torch: op {op} ({node.name})")
+
+    def fake_quant(self, node, a, x):
+        """mpq::FakeQuant with PyTorch's own fake-quantize ops: torch.fake_quantize_per_*_affine
+        (straight-through estimator with the clipping mask) for fixed scales, and the learnable
+        (LSQ) variants, with LSQ's gradient factor 1/sqrt(N * Qp), when the scale is a Parameter."""
+        qmin, qmax = a.get("qmin", -128), a.get("qmax", 127)
+        scale = x[1]
+        zp = x[2] if len(x) > 2 and x[2] is not None else torch.zeros_like(scale, dtype=torch.int32)
+        learn = isinstance(scale, torch.nn.Parameter) and scale.requires_grad
+        if scale.numel() == 1:
+            if learn:
+                n = x[0].numel()
+                factor = 1.0 / float(np.sqrt(n * max(1, qmax - int(zp.reshape(-1)[0]))))
+                return torch._fake_quantize_learnable_per_tensor_affine(
+                    x[0], scale.reshape(1), zp.reshape(1).float(), qmin, qmax, factor)
+            return torch.fake_quantize_per_tensor_affine(x[0], float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]), qmin, qmax)
+        axis = a.get("axis", 1)
+        if axis < 0:
+            axis += x[0].dim()
+        if learn:
+            n = x[0].numel() // scale.numel()
+            factor = 1.0 / float(np.sqrt(n * qmax))
+            return torch._fake_quantize_learnable_per_channel_affine(
+                x[0], scale, zp.reshape(-1).float(), axis, qmin, qmax, factor)
+        return torch.fake_quantize_per_channel_affine(x[0], scale.detach(), zp.reshape(-1).int(), axis, qmin, qmax)

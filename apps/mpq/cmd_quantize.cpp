@@ -12,6 +12,7 @@
 #include "ir/verify.h"
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_bn.h"
+#include "passes/insert_fake_quant.h"
 #include "passes/insert_qdq.h"
 #include "passes/to_qoperator.h"
 #include "runtime/devices.h"
@@ -142,7 +143,13 @@ int quantize_command(const QuantizeOpts& o) {
                  sr.met ? "met" : "NOT met", kept_fp32.size(), kept_fp32.empty() ? "" : ": ",
                  fmt::format("{}", fmt::join(kept_fp32, ", ")));
   }
-  passes::QdqReport rep = passes::insert_qdq(model, table, qo);
+  passes::QdqReport rep;
+  if (o.format == "fakequant") {
+    // The graph qat-finetune trains, at its starting point: mpq::FakeQuant where Q/DQ would go.
+    rep = passes::insert_fake_quant(model, table, qo).report;
+  } else {
+    rep = passes::insert_qdq(model, table, qo);
+  }
   ir::verify_or_throw(model);
   int qop_nodes = 0;
   if (o.format == "qoperator") {
@@ -247,8 +254,11 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_flag("--float-outputs", o->float_outputs, "leave graph outputs of Conv/Gemm/MatMul unquantized");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");
   sub.add_option("--exclude-ops", o->exclude_ops, "op types to keep in float (comma separated)");
-  sub.add_option("--format", o->format, "qdq (QuantizeLinear/DequantizeLinear, default) or qoperator (QLinearConv, ...)")
-      ->check(CLI::IsMember({"qdq", "qoperator"}));
+  sub.add_option("--format", o->format,
+                 "qdq (QuantizeLinear/DequantizeLinear, default), qoperator (QLinearConv, ...) or fakequant (the "
+                 "fake-quantized training graph qat-finetune starts from, with mpq::FakeQuant nodes: runs in mpq, "
+                 "not in other runtimes)")
+      ->check(CLI::IsMember({"qdq", "qoperator", "fakequant"}));
   sub.add_option("--device", o->device, "calibration device: cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");

@@ -1,7 +1,5 @@
 #include "train/autograd.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -9,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/cpu/conv_common.h"
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 #include "train/grads/grad_util.h"
@@ -169,7 +168,6 @@ struct Autograd::Impl {
         kernels(options.kernels ? *options.kernels : rt::OpRegistry::global()),
         grads(options.grads ? *options.grads : GradRegistry::global()),
         pool(options.threads) {
-    openblas_set_num_threads(pool.size());
     plan();
   }
 
@@ -316,6 +314,7 @@ struct Autograd::Impl {
 
   std::vector<Tensor> forward(const rt::Feeds& feeds) {
     rt::check_feeds(*model.graph, feeds);
+    rt::cpu::DeterministicBlas deterministic;  // same bits at any thread count
     // A forward without a backward leaves saved tensors behind; drop them first.
     for (Step& st : steps) clear_saved(st);
     input_grad_values.clear();
@@ -449,6 +448,7 @@ struct Autograd::Impl {
 
   void backward(const std::vector<Tensor>& output_grads) {
     if (!have_forward) fail_internal("Autograd::backward called without a forward pass");
+    rt::cpu::DeterministicBlas deterministic;
     have_forward = false;
     if (output_grads.size() != output_slots.size())
       fail_internal("Autograd::backward: {} output gradients for {} outputs", output_grads.size(), output_slots.size());

@@ -99,8 +99,8 @@ TEST_CASE("Parameter gradients through fan-out match float64 finite differences"
 }
 
 TEST_CASE("Shape arithmetic is left alone; an op without a backward on the path is an error", "[train][autograd]") {
-  // y = Reshape(MatMul(x, W), Concat(Shape(x)[0:1], [-1])): the Shape/Slice/Concat branch has no
-  // backward kernels and needs none.
+  // y = Reshape(MatMul(x, W), Shape(x) * [1, 0] - [0, 1]): the integer branch has no backward
+  // kernels and needs none (Mul and Sub have backwards, but integers carry no gradient).
   ir::Model m;
   m.set_opset("", 17);
   ir::Graph& g = *m.graph;
@@ -109,7 +109,9 @@ TEST_CASE("Shape arithmetic is left alone; an op without a backward on the path 
   ir::Value* w = g.add_initializer("W", test::random_tensor({3, 4}, 5));
   ir::Value* xw = g.add_node_with_new_outputs("MatMul", {x, w}, 1, "xw")->output(0);
   ir::Value* shape = g.add_node_with_new_outputs("Shape", {x}, 1, "shape")->output(0);
-  ir::Value* target = g.add_node_with_new_outputs("Mul", {shape, g.add_initializer("two", Tensor::from<int64_t>({2}, {1, 2}))}, 1, "target")->output(0);
+  // [2, 3] * [1, 0] - [0, 1] = [2, -1]
+  ir::Value* keep_batch = g.add_node_with_new_outputs("Mul", {shape, g.add_initializer("mask", Tensor::from<int64_t>({2}, {1, 0}))}, 1, "kb")->output(0);
+  ir::Value* target = g.add_node_with_new_outputs("Sub", {keep_batch, g.add_initializer("one", Tensor::from<int64_t>({2}, {0, 1}))}, 1, "target")->output(0);
   ir::Value* y = g.add_value("y");
   g.add_node("Reshape", {xw, target}, {y}, "reshape");
   g.add_output(y);
@@ -306,4 +308,40 @@ TEST_CASE("write_back stores trained values into the model", "[train][autograd]"
   engine.write_back(copy);
   CHECK(copy.graph->find("W1")->initializer().data<float>()[0] == 123.0f);
   CHECK(m.graph->find("W1")->initializer().data<float>()[0] != 123.0f);
+}
+
+TEST_CASE("Large GEMMs (inner dimensions past OpenBLAS's blocking) train bit-identically at any thread count",
+          "[train][determinism]") {
+  // OpenBLAS rounds a long inner dimension differently on one thread and on several, and differently
+  // again for other row splits: the engine's DeterministicBlas scope must hide both.
+  ir::Model m;
+  m.set_opset("", 17);
+  ir::Graph& g = *m.graph;
+  ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, Shape{200, 700}));
+  g.add_input(x);
+  ir::Value* w1 = g.add_initializer("W1", test::random_tensor({700, 300}, 1, -0.05f, 0.05f));
+  ir::Value* b1 = g.add_initializer("b1", test::random_tensor({300}, 2));
+  ir::Value* w2 = g.add_initializer("W2", test::random_tensor({300, 520}, 3, -0.05f, 0.05f));
+  ir::Value* h = g.add_node_with_new_outputs("Gemm", {x, w1, b1}, 1, "h")->output(0);
+  ir::Value* y = g.add_value("y");
+  g.add_node("MatMul", {h, w2}, {y});
+  g.add_output(y);
+  const Tensor target = test::random_tensor({200, 520}, 4);
+  std::vector<std::vector<Tensor>> finals;
+  for (int threads : {1, 2, 3}) {
+    AutogradOptions o;
+    o.threads = threads;
+    Autograd engine(m, o);
+    auto opt = make_sgd({ParamGroup{"all", {0, 1, 2}, 1.0, 0.0}});
+    GradScaler scaler(GradScalerOptions{65536.0, 2.0, 0.5, 2000, false});
+    Trainer trainer(engine, *opt, scaler, LrSchedule{1e-2, 0, 3});
+    for (int s = 0; s < 3; ++s)
+      trainer.step({{"x", test::random_tensor({200, 700}, 50 + s)}}, [&](const std::vector<Tensor>& outs) { return mse_to(target, outs); });
+    std::vector<Tensor> w;
+    for (const Parameter& p : engine.parameters()) w.push_back(p.value.clone());
+    finals.push_back(w);
+  }
+  for (size_t t = 1; t < finals.size(); ++t)
+    for (size_t k = 0; k < finals[0].size(); ++k)
+      CHECK(std::memcmp(finals[0][k].raw_data(), finals[t][k].raw_data(), finals[0][k].nbytes()) == 0);
 }

@@ -6,6 +6,51 @@
 
 namespace mpq::rt::cpu {
 
+namespace {
+thread_local bool t_deterministic = false;
+// Rows of C per block: a multiple of OpenBLAS's register blocking, large enough for its kernels to
+// run at speed, and fixed so that the pieces do not depend on the thread count.
+constexpr int64_t kDeterministicRows = 64;
+
+template <typename T>
+void gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (!t_deterministic || m <= kDeterministicRows) {
+    blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int64_t blocks = (m + kDeterministicRows - 1) / kDeterministicRows;
+  pool.parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t m0 = blk * kDeterministicRows, rows = std::min(kDeterministicRows, m - m0);
+      const T* ab = ta ? a + m0 : a + m0 * lda;
+      blas_gemm(ta, tb, rows, n, k, alpha, ab, lda, b, ldb, beta, c + m0 * ldc, ldc);
+    }
+  });
+}
+}  // namespace
+
+bool deterministic_blas() { return t_deterministic; }
+
+DeterministicBlas::DeterministicBlas() : previous_(t_deterministic), previous_threads_(openblas_get_num_threads()) {
+  t_deterministic = true;
+  openblas_set_num_threads(1);
+}
+
+DeterministicBlas::~DeterministicBlas() {
+  t_deterministic = previous_;
+  openblas_set_num_threads(previous_threads_);
+}
+
+void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_rows(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                    int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  gemm_rows(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 AutoPad read_auto_pad(const KernelContext& ctx) {
   std::string s = ctx.node().attr_string("auto_pad", "NOTSET");
   if (s == "NOTSET" || s.empty()) return AutoPad::NotSet;

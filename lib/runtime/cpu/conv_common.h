@@ -17,8 +17,28 @@ namespace mpq::rt::cpu {
 // oversubscribing; larger ones are called one at a time and use OpenBLAS's own threads.
 inline constexpr double kBlasSingleThreadMNK = 65536.0 * 4.0;
 
+// Deterministic GEMMs, for training: OpenBLAS (0.3.21 here) rounds differently on one thread and
+// on several, and differently again when a GEMM is split into other pieces (its small-matrix kernels
+// sum in another order). While a DeterministicBlas scope is alive on the calling thread, OpenBLAS
+// runs on one thread, every kernel spreads its GEMMs over the kernel pool instead, and large GEMMs
+// are cut into row blocks whose size depends only on the shapes (blas_gemm_rows), so the result
+// is the same bits at any thread count. Inference keeps OpenBLAS's own threading.
+bool deterministic_blas();
+class DeterministicBlas {
+ public:
+  DeterministicBlas();
+  ~DeterministicBlas();
+  DeterministicBlas(const DeterministicBlas&) = delete;
+  DeterministicBlas& operator=(const DeterministicBlas&) = delete;
+
+ private:
+  bool previous_;
+  int previous_threads_;
+};
+
 inline bool blas_runs_single_threaded(int64_t m, int64_t n, int64_t k) {
-  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kBlasSingleThreadMNK;
+  return deterministic_blas() ||
+         static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kBlasSingleThreadMNK;
 }
 
 // Row-major C = alpha * op(A) * op(B) + beta * C.
@@ -34,6 +54,13 @@ inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
+
+// C = alpha * op(A) * op(B) + beta * C like blas_gemm; under DeterministicBlas the rows of C are cut
+// into fixed blocks computed on the kernel pool (one-thread GEMMs), otherwise one call.
+void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                    int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
 // floor(a / b) for b > 0 and any sign of a.
 inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }

@@ -106,7 +106,7 @@ void gemm_kernel(KernelContext& ctx) {
     }
     const int64_t lda = a.dim(1), ldb = b.dim(1);
     if constexpr (std::is_floating_point_v<T>) {
-      blas_gemm(ta, tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? T(1) : T(0), yp, N);
+      blas_gemm_rows(ctx.pool(), ta, tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? T(1) : T(0), yp, N);
     } else {
       ctx.pool().parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N * K, 1)), [&](int64_t lo, int64_t hi) {
         int_matmul_rows<T>(ap, lda, ta, bp, ldb, tb, yp, N, K, lo, hi, static_cast<T>(alpha), use_c);
@@ -181,7 +181,7 @@ void matmul_kernel(KernelContext& ctx) {
     if constexpr (std::is_floating_point_v<T>) {
       if (nbb == 1 && nba == nb) {
         // B shared by every batch entry and A contiguous: one [nb*M, K] x [K, N] GEMM.
-        blas_gemm(false, false, nb * M, N, K, T(1), ap, K, bp, N, T(0), yp, N);
+        blas_gemm_rows(ctx.pool(), false, false, nb * M, N, K, T(1), ap, K, bp, N, T(0), yp, N);
         return;
       }
       auto one = [&](int64_t t) {

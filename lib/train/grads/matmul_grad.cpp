@@ -1,5 +1,8 @@
 // Backward of Gemm and MatMul through BLAS (sgemm for float32, dgemm for float64).
 //
+// All GEMMs go through rt::cpu::blas_gemm_rows, which the engine's DeterministicBlas scope turns into
+// fixed row blocks on the kernel pool, so the gradients do not depend on the thread count.
+//
 // MatMul: dA = dY B^T and dB = A^T dY per batch entry. An operand that batch broadcasting shared
 // between entries (a 2-D weight under a 3-D activation, the usual Linear layer) receives the sum
 // over the entries it served: for a shared 2-D B that is one GEMM whose inner dimension runs over
@@ -37,15 +40,15 @@ void gemm_grad(GradContext& ctx) {
     if (ctx.needs_grad(0)) {
       const Tensor& b = ctx.input(1);
       Tensor ga(g.dtype(), as);
-      if (!ta) blas_gemm(false, !tb, M, K, N, al, gp, N, b.data<T>(), bs[1], T(0), ga.data<T>(), K);
-      else blas_gemm(tb, true, K, M, N, al, b.data<T>(), bs[1], gp, N, T(0), ga.data<T>(), M);
+      if (!ta) rt::cpu::blas_gemm_rows(ctx.pool(), false, !tb, M, K, N, al, gp, N, b.data<T>(), bs[1], T(0), ga.data<T>(), K);
+      else rt::cpu::blas_gemm_rows(ctx.pool(), tb, true, K, M, N, al, b.data<T>(), bs[1], gp, N, T(0), ga.data<T>(), M);
       ctx.set_grad(0, std::move(ga));
     }
     if (ctx.needs_grad(1)) {
       const Tensor& a = ctx.input(0);
       Tensor gb(g.dtype(), bs);
-      if (!tb) blas_gemm(!ta, false, K, N, M, al, a.data<T>(), as[1], gp, N, T(0), gb.data<T>(), N);
-      else blas_gemm(true, ta, N, K, M, al, gp, N, a.data<T>(), as[1], T(0), gb.data<T>(), K);
+      if (!tb) rt::cpu::blas_gemm_rows(ctx.pool(), !ta, false, K, N, M, al, a.data<T>(), as[1], gp, N, T(0), gb.data<T>(), N);
+      else rt::cpu::blas_gemm_rows(ctx.pool(), true, ta, N, K, M, al, gp, N, a.data<T>(), as[1], T(0), gb.data<T>(), K);
       ctx.set_grad(1, std::move(gb));
     }
     if (ctx.has_input(2) && ctx.needs_grad(2)) {
@@ -139,7 +142,7 @@ void matmul_grad(GradContext& ctx) {
       } else if (N == 0) {
         std::memset(gap, 0, ga.nbytes());
       } else if (m.nbb == 1 && m.nba == m.nb) {
-        blas_gemm(false, true, m.nb * M, K, N, T(1), gp, N, bp, N, T(0), gap, K);  // [nb*M, N] x B^T
+        rt::cpu::blas_gemm_rows(ctx.pool(), false, true, m.nb * M, K, N, T(1), gp, N, bp, N, T(0), gap, K);  // [nb*M, N] x B^T
       } else {
         if (m.nba < m.nb) std::memset(gap, 0, ga.nbytes());
         batched_grad_gemm<T>(ctx.pool(), m.nb, m.nba < m.nb, m.aidx, M * K, gap, M, K, N, [&](int64_t t, T* out, T beta) {
@@ -156,7 +159,7 @@ void matmul_grad(GradContext& ctx) {
       } else if (M == 0) {
         std::memset(gbp, 0, gb.nbytes());
       } else if (m.nbb == 1 && m.nba == m.nb) {
-        blas_gemm(true, false, K, N, m.nb * M, T(1), ap, K, gp, N, T(0), gbp, N);  // A^T [K, nb*M] x dY
+        rt::cpu::blas_gemm_rows(ctx.pool(), true, false, K, N, m.nb * M, T(1), ap, K, gp, N, T(0), gbp, N);  // A^T [K, nb*M] x dY
       } else {
         if (m.nbb < m.nb) std::memset(gbp, 0, gb.nbytes());
         batched_grad_gemm<T>(ctx.pool(), m.nb, m.nbb < m.nb, m.bidx, K * N, gbp, K, N, M, [&](int64_t t, T* out, T beta) {
