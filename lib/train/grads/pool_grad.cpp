@@ -1,8 +1,227 @@
-// Backward kernels: to be written.
+// Backward of MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool over 1 to 3 spatial
+// dimensions, with the forward's windows (runtime/cpu/pool.cpp: strides, dilations, pads, auto_pad,
+// ceil_mode through rt::cpu::forward_window).
+//   MaxPool: dY goes to the input element the forward picked: the first maximum of the window in
+//   row-major tap order, never the padding. The argmax is found again from X (the only value saved);
+//   the optional Indices output carries no gradient.
+//   AveragePool: dY / count goes to every tap inside the input, count as the forward divides by
+//   (count_include_pad: the taps inside the padded input, the ceil_mode overhang never counting).
+// Each (image, channel) plane is one task that adds its windows' contributions in a fixed order, so
+// the gradients do not depend on the thread count.
+#include <algorithm>
+#include <vector>
+
+#include "runtime/cpu/conv_common.h"
+#include "train/grads/grad_util.h"
 #include "train/grads/register_all_grads.h"
 
 namespace mpq::train::grads {
 
-void register_pool_grads(GradRegistry&) {}
+namespace {
+
+using grad_util::visit_float;
+using rt::cpu::ceil_div;
+using rt::cpu::floor_div;
+using rt::cpu::Window3;
+
+// Per spatial dimension and output index: the first input position of the window, the taps
+// [lo, hi) that fall inside the input and the number of taps inside the padded input.
+struct DimTaps {
+  std::vector<int64_t> start, lo, hi, padded;
+};
+
+DimTaps dim_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t pb, int64_t pe) {
+  DimTaps t;
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t st = o * s - pb;
+    const int64_t lo = std::clamp<int64_t>(ceil_div(-st, d), 0, k);
+    const int64_t hi = std::clamp<int64_t>(floor_div(in - 1 - st, d) + 1, lo, k);
+    const int64_t plo = std::clamp<int64_t>(ceil_div(-pb - st, d), 0, k);
+    const int64_t phi = std::clamp<int64_t>(floor_div(in + pe - 1 - st, d) + 1, plo, k);
+    t.start.push_back(st);
+    t.lo.push_back(lo);
+    t.hi.push_back(hi);
+    t.padded.push_back(phi - plo);
+  }
+  return t;
+}
+
+struct PoolWindows {
+  Window3 g;
+  DimTaps t[3];
+};
+
+PoolWindows pool_windows(GradContext& ctx) {
+  const Shape& xs = ctx.input_shape(0);
+  if (xs.size() < 3) ctx.fail("X must have rank 3 or more (N, C, spatial...), got shape {}", shape_str(xs));
+  const std::vector<int64_t> kernel = ctx.node().attr_ints("kernel_shape", {});
+  if (kernel.empty()) ctx.fail("kernel_shape is required");
+  const bool ceil_mode = ctx.node().attr_int("ceil_mode", 0) != 0;
+  const rt::KernelContext kctx(ctx.node(), ctx.opset(), ctx.pool(), nullptr);
+  const rt::cpu::Window win =
+      rt::cpu::forward_window(kctx, std::vector<int64_t>(xs.begin() + 2, xs.end()), kernel, ceil_mode);
+  if (win.rank() > 3)
+    ctx.fail_unsupported("the {} backward takes 1 to 3 spatial dimensions, got {}", ctx.node().op_type, win.rank());
+  PoolWindows p;
+  p.g = rt::cpu::to_window3(win);
+  for (int d = 0; d < 3; ++d) p.t[d] = dim_taps(p.g.in[d], p.g.out[d], p.g.k[d], p.g.s[d], p.g.d[d], p.g.pb[d], p.g.pe[d]);
+  return p;
+}
+
+// Runs fn(plane) for the N * C planes on the pool.
+template <typename F>
+void for_planes(rt::ThreadPool& pool, int64_t planes, int64_t work_per_plane, F fn) {
+  pool.parallel_for(planes, std::max<int64_t>(1, 32768 / std::max<int64_t>(work_per_plane, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) fn(p);
+  });
+}
+
+template <typename T>
+void max_pool_backward(rt::ThreadPool& pool, const PoolWindows& pw, const T* x, const T* dy, T* dx, int64_t planes) {
+  const Window3& g = pw.g;
+  const int64_t in_size = g.in_size(), out_size = g.out_size(), H = g.in[1], W = g.in[2];
+  for_planes(pool, planes, out_size * g.k_size(), [&](int64_t plane) {
+    const T* xp = x + plane * in_size;
+    const T* gp = dy + plane * out_size;
+    T* dp = dx + plane * in_size;
+    std::fill(dp, dp + in_size, T(0));
+    int64_t o = 0;
+    for (int64_t od = 0; od < g.out[0]; ++od)
+      for (int64_t oh = 0; oh < g.out[1]; ++oh)
+        for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
+          T best = T(0);
+          int64_t at = -1;
+          for (int64_t kd = pw.t[0].lo[od]; kd < pw.t[0].hi[od]; ++kd) {
+            const int64_t id = pw.t[0].start[od] + kd * g.d[0];
+            for (int64_t kh = pw.t[1].lo[oh]; kh < pw.t[1].hi[oh]; ++kh) {
+              const int64_t row = (id * H + pw.t[1].start[oh] + kh * g.d[1]) * W + pw.t[2].start[ow];
+              for (int64_t kw = pw.t[2].lo[ow]; kw < pw.t[2].hi[ow]; ++kw) {
+                const int64_t i = row + kw * g.d[2];
+                if (at < 0 || xp[i] > best) {
+                  best = xp[i];
+                  at = i;
+                }
+              }
+            }
+          }
+          if (at >= 0) dp[at] += gp[o];
+        }
+  });
+}
+
+template <typename T>
+void avg_pool_backward(rt::ThreadPool& pool, const PoolWindows& pw, bool count_include_pad, const T* dy, T* dx,
+                       int64_t planes) {
+  const Window3& g = pw.g;
+  const int64_t in_size = g.in_size(), out_size = g.out_size(), H = g.in[1], W = g.in[2];
+  for_planes(pool, planes, out_size * g.k_size(), [&](int64_t plane) {
+    const T* gp = dy + plane * out_size;
+    T* dp = dx + plane * in_size;
+    std::fill(dp, dp + in_size, T(0));
+    int64_t o = 0;
+    for (int64_t od = 0; od < g.out[0]; ++od)
+      for (int64_t oh = 0; oh < g.out[1]; ++oh)
+        for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
+          const int64_t n = count_include_pad ? pw.t[0].padded[od] * pw.t[1].padded[oh] * pw.t[2].padded[ow]
+                                              : (pw.t[0].hi[od] - pw.t[0].lo[od]) * (pw.t[1].hi[oh] - pw.t[1].lo[oh]) *
+                                                    (pw.t[2].hi[ow] - pw.t[2].lo[ow]);
+          if (n <= 0) continue;
+          const T v = gp[o] / static_cast<T>(n);
+          for (int64_t kd = pw.t[0].lo[od]; kd < pw.t[0].hi[od]; ++kd) {
+            const int64_t id = pw.t[0].start[od] + kd * g.d[0];
+            for (int64_t kh = pw.t[1].lo[oh]; kh < pw.t[1].hi[oh]; ++kh) {
+              T* row = dp + (id * H + pw.t[1].start[oh] + kh * g.d[1]) * W + pw.t[2].start[ow];
+              for (int64_t kw = pw.t[2].lo[ow]; kw < pw.t[2].hi[ow]; ++kw) row[kw * g.d[2]] += v;
+            }
+          }
+        }
+  });
+}
+
+void max_pool_grad(GradContext& ctx) {
+  const Tensor& dy = ctx.grad_output(0);
+  const PoolWindows pw = pool_windows(ctx);
+  const Shape& xs = ctx.input_shape(0);
+  Tensor dx(dy.dtype(), xs);
+  visit_float(dy.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_pool_backward<T>(ctx.pool(), pw, ctx.input(0).data<T>(), dy.data<T>(), dx.data<T>(), xs[0] * xs[1]);
+  });
+  ctx.set_grad(0, std::move(dx));
+}
+
+void avg_pool_grad(GradContext& ctx) {
+  const Tensor& dy = ctx.grad_output(0);
+  const PoolWindows pw = pool_windows(ctx);
+  const Shape& xs = ctx.input_shape(0);
+  const bool count_include_pad = ctx.node().attr_int("count_include_pad", 0) != 0;
+  Tensor dx(dy.dtype(), xs);
+  visit_float(dy.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool_backward<T>(ctx.pool(), pw, count_include_pad, dy.data<T>(), dx.data<T>(), xs[0] * xs[1]);
+  });
+  ctx.set_grad(0, std::move(dx));
+}
+
+// Planes of X for the global pools, and the elements of each.
+std::pair<int64_t, int64_t> global_planes(GradContext& ctx) {
+  const Shape& xs = ctx.input_shape(0);
+  if (xs.size() < 3) ctx.fail("X must have rank 3 or more (N, C, spatial...), got shape {}", shape_str(xs));
+  const int64_t planes = xs[0] * xs[1];
+  return {planes, planes == 0 ? 0 : shape_numel(xs) / planes};
+}
+
+void global_avg_pool_grad(GradContext& ctx) {
+  const Tensor& dy = ctx.grad_output(0);
+  const auto [planes, n] = global_planes(ctx);
+  Tensor dx(dy.dtype(), ctx.input_shape(0));
+  visit_float(dy.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* gp = dy.data<T>();
+    T* dp = dx.data<T>();
+    for_planes(ctx.pool(), planes, n, [&](int64_t p) { std::fill(dp + p * n, dp + (p + 1) * n, gp[p] / static_cast<T>(n)); });
+  });
+  ctx.set_grad(0, std::move(dx));
+}
+
+void global_max_pool_grad(GradContext& ctx) {
+  const Tensor& dy = ctx.grad_output(0);
+  const auto [planes, n] = global_planes(ctx);
+  Tensor dx(dy.dtype(), ctx.input_shape(0));
+  visit_float(dy.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = ctx.input(0).data<T>();
+    const T* gp = dy.data<T>();
+    T* dp = dx.data<T>();
+    for_planes(ctx.pool(), planes, n, [&](int64_t p) {
+      const T* s = xp + p * n;
+      T* d = dp + p * n;
+      std::fill(d, d + n, T(0));
+      if (n == 0) return;
+      int64_t at = 0;
+      for (int64_t i = 1; i < n; ++i)
+        if (s[i] > s[at]) at = i;
+      d[at] = gp[p];
+    });
+  });
+  ctx.set_grad(0, std::move(dx));
+}
+
+}  // namespace
+
+void register_pool_grads(GradRegistry& r) {
+  auto add = [&](const char* op, GradFn fn, uint32_t saved_inputs) {
+    GradDef d;
+    d.op_type = op;
+    d.fn = fn;
+    d.differentiable = bit(0);
+    d.saved_inputs = saved_inputs;
+    r.add(std::move(d));
+  };
+  add("MaxPool", max_pool_grad, bit(0));  // the argmax is found again in X
+  add("AveragePool", avg_pool_grad, 0);
+  add("GlobalAveragePool", global_avg_pool_grad, 0);
+  add("GlobalMaxPool", global_max_pool_grad, bit(0));
+}
 
 }  // namespace mpq::train::grads
