@@ -104,6 +104,11 @@ TEST_CASE("MaxPool backward", "[train][grad]") {
       {"3-D", {2, 3, 5, 4, 6},
        {Attribute::make_ints("kernel_shape", {2, 2, 3}), Attribute::make_ints("strides", {2, 1, 2}),
         Attribute::make_ints("pads", {0, 1, 1, 1, 0, 1}), Attribute::make_int("ceil_mode", 1)}},
+      // Rows of 15 and 22 windows: the vector blocks of the float32 path, stride 2 and 1.
+      {"wide rows, stride 2", {2, 3, 5, 29},
+       {Attribute::make_ints("kernel_shape", {2, 3}), Attribute::make_ints("strides", {2, 2}),
+        Attribute::make_ints("pads", {0, 1, 0, 1})}},
+      {"wide rows, stride 1", {2, 3, 4, 23}, {Attribute::make_ints("kernel_shape", {2, 2})}},
   };
   uint32_t seed = 600;
   for (const PoolCase& c : cases) {
