@@ -41,6 +41,9 @@ CASES = [
     ("avgpool 3x3 s2 pad1 64x14x14 N=64", "AveragePool", [64, 64, 14, 14], None, False, False,
      {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
     ("global avgpool 64x7x7 N=128", "GlobalAveragePool", [128, 64, 7, 7], None, False, False, {}),
+    ("resize bilinear 2x 32x14x14 N=64", "Resize", [64, 32, 14, 14], None, False, False, {"mode": "linear"}),
+    ("resize nearest 2x 32x14x14 N=64", "Resize", [64, 32, 14, 14], None, False, False,
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
 ]
 
 
@@ -60,6 +63,8 @@ def time_mpq(bench, case, threads, repeat):
         cmd.append("--bias")
     if const_x:
         cmd.append("--const-x")
+    if op == "Resize":
+        cmd += ["--scales", "1,1,2,2"]
     cmd += attr_args(attrs)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
@@ -96,6 +101,10 @@ def time_torch(torch, case, repeat):
                                 count_include_pad=bool(attrs.get("count_include_pad", 0)))
         if op == "GlobalAveragePool":
             return F.adaptive_avg_pool2d(x, 1)
+        if op == "Resize" and attrs["mode"] == "linear":
+            return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+        if op == "Resize":
+            return F.interpolate(x, scale_factor=2, mode="nearest")
         raise ValueError(op)
 
     wrt = ([] if const_x else [x]) + params

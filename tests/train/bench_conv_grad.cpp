@@ -1,11 +1,12 @@
 // Times the backward of one node through the training engine, for scripts/bench_grad_ops.py. Not
 // a test (no assertions, timings vary): built beside the tests, never registered with ctest.
 //
-//   bench_conv_grad OP --x N,C,H,W [--w M,C,KH,KW] [--bias] [--const-x] [--attr name=v1,v2 ...]
-//                   [--opset 17] [--threads 2] [--repeat 20] [--double]
+//   bench_conv_grad OP --x N,C,H,W [--w M,C,KH,KW] [--bias] [--const-x] [--scales 1,1,2,2]
+//                   [--attr name=v1,v2 ...] [--opset 17] [--threads 2] [--repeat 20] [--double]
 //
 // X, W and B are random graph inputs (X an initializer with --const-x, so that no dX is computed,
-// as for a network's first layer). Each repetition runs the forward untimed, then times
+// as for a network's first layer); --scales gives Resize its (whole-number) scales as an
+// initializer, roi omitted. Each repetition runs the forward untimed, then times
 // backward() with a random dL/dY. Prints one JSON line: median and best wall time and process CPU
 // time of backward() in milliseconds.
 #include <algorithm>
@@ -64,6 +65,7 @@ int run(int argc, char** argv) {
   if (argc < 2) fail_input("usage: bench_conv_grad OP --x SHAPE [--w SHAPE] [options]");
   const std::string op = argv[1];
   Shape xs, ws;
+  std::vector<float> scales;
   bool bias = false, const_x = false, dbl = false;
   int opset = 17, threads = 2, repeat = 20;
   std::vector<ir::Attribute> attrs;
@@ -76,6 +78,9 @@ int run(int argc, char** argv) {
     if (a == "--x") xs = parse_ints(next());
     else if (a == "--w") ws = parse_ints(next());
     else if (a == "--bias") bias = true;
+    else if (a == "--scales") {
+      for (int64_t v : parse_ints(next())) scales.push_back(static_cast<float>(v));
+    }
     else if (a == "--const-x") const_x = true;
     else if (a == "--double") dbl = true;
     else if (a == "--attr") attrs.push_back(parse_attr(next()));
@@ -102,6 +107,10 @@ int run(int argc, char** argv) {
   add("x", random_tensor(xs, 1, dbl), const_x);
   if (!ws.empty()) add("w", random_tensor(ws, 2, dbl), false);
   if (bias) add("b", random_tensor({op == "ConvTranspose" ? ws.at(1) : ws.at(0)}, 3, dbl), false);
+  if (!scales.empty()) {
+    ins.push_back(nullptr);  // roi
+    ins.push_back(g->add_initializer("scales", Tensor::from<float>({static_cast<int64_t>(scales.size())}, scales)));
+  }
   ir::Value* y = g->add_value("y");
   g->add_output(y);
   ir::Node* n = g->add_node(op, ins, {y}, "bench");

@@ -197,15 +197,40 @@ Tensor transpose_pass(rt::ThreadPool& pool, const Tensor& g, size_t axis, const 
   const T* src = g.data<T>();
   T* dst = out.data<T>();
   const int64_t per_row = std::max<int64_t>(1, inner * (static_cast<int64_t>(inv.j.size()) / std::max<int64_t>(L_in, 1) + 1));
+  const int64_t* first = inv.first.data();
+  const int64_t* js = inv.j.data();
+  const float* ws = inv.w.data();
+  if (inner == 1) {
+    pool.parallel_for(outer, std::max<int64_t>(1, 16384 / (per_row * L_in)), [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o) {
+        const T* s = src + o * L_out;
+        T* d = dst + o * L_in;
+        for (int64_t i = 0; i < L_in; ++i) {
+          T acc = T(0);
+          for (int64_t k = first[i]; k < first[i + 1]; ++k) acc += static_cast<T>(ws[k]) * s[js[k]];
+          d[i] = acc;
+        }
+      }
+    });
+    return out;
+  }
   pool.parallel_for(outer * L_in, std::max<int64_t>(1, 16384 / per_row), [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t o = it / L_in, i = it % L_in;
       T* __restrict d = dst + it * inner;
       const T* s = src + o * L_out * inner;
-      std::fill(d, d + inner, T(0));
-      for (int64_t k = inv.first[static_cast<size_t>(i)]; k < inv.first[static_cast<size_t>(i) + 1]; ++k) {
-        const T w = static_cast<T>(inv.w[static_cast<size_t>(k)]);
-        const T* __restrict r = s + inv.j[static_cast<size_t>(k)] * inner;
+      if (first[i] == first[i + 1]) {
+        std::fill(d, d + inner, T(0));
+        continue;
+      }
+      {
+        const T w = static_cast<T>(ws[first[i]]);
+        const T* __restrict r = s + js[first[i]] * inner;
+        for (int64_t e = 0; e < inner; ++e) d[e] = w * r[e];
+      }
+      for (int64_t k = first[i] + 1; k < first[i + 1]; ++k) {
+        const T w = static_cast<T>(ws[k]);
+        const T* __restrict r = s + js[k] * inner;
         for (int64_t e = 0; e < inner; ++e) d[e] += w * r[e];
       }
     }
