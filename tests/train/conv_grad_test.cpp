@@ -142,20 +142,25 @@ TEST_CASE("ConvTranspose backward", "[train][grad]") {
   }
 }
 
-TEST_CASE("Conv backward over several image chunks and row tiles", "[train][grad]") {
+TEST_CASE("Conv backward over several image pieces and row tiles", "[train][grad]") {
+  // conv_grad.cpp cuts the work into pieces whose float64 column matrix (channels x taps rows,
+  // one per output position) fits 1 MiB: several small images side by side, or row tiles of one
+  // large image, whose col2im additions overlap in dX when strided.
   test::GradCheckOptions o;
-  o.max_elements = 48;
-  // float64 columns of 288 x 400 per image: four images per GEMM chunk, then one.
-  check_case("Conv", {"chunks", {5, 32, 20, 20}, {6, 32, 3, 3}, true, {Attribute::make_ints("pads", {1, 1, 1, 1})}}, 500, o);
-  // One 92 x 92 image with 72 column rows is more than one chunk: tiles of output rows.
-  check_case("Conv", {"tiles", {1, 8, 92, 92}, {3, 8, 3, 3}, true, {Attribute::make_ints("pads", {1, 0, 1, 0})}}, 510, o);
-  // Strided: the tiles' col2im additions overlap in dX.
+  o.max_elements = 24;
+  // 72 x 12 per output row: 15 images a piece, then 5, in two dW slices.
+  check_case("Conv", {"pieces of images", {20, 8, 10, 10}, {6, 8, 3, 3}, true, {Attribute::make_ints("pads", {1, 1, 1, 1})}},
+             500, o);
+  // 144 x 48 per output row: tiles of 19 rows.
+  check_case("Conv", {"tiles", {1, 16, 48, 48}, {3, 16, 3, 3}, true, {Attribute::make_ints("pads", {1, 0, 1, 0})}}, 510, o);
+  // 216 x 31 per output row, 30 rows: two tiles whose windows share input rows.
   check_case("Conv",
-             {"strided tiles", {1, 32, 92, 92}, {3, 32, 3, 3}, false,
+             {"strided tiles", {1, 24, 60, 60}, {3, 24, 3, 3}, false,
               {Attribute::make_ints("strides", {2, 2}), Attribute::make_ints("pads", {1, 1, 1, 1})}},
              515, o);
+  // dY's windows at X's 24 rows, 432 x 25 per row: two tiles.
   check_case("ConvTranspose",
-             {"tiles", {1, 3, 44, 44}, {3, 48, 3, 3}, true, {Attribute::make_ints("strides", {2, 2})}}, 520, o);
+             {"tiles", {1, 3, 24, 24}, {3, 48, 3, 3}, true, {Attribute::make_ints("strides", {2, 2})}}, 520, o);
 }
 
 TEST_CASE("Conv backward: a constant weight gets no gradient, the bias and input still do", "[train][grad]") {
