@@ -300,9 +300,8 @@ void window_grad(rt::ThreadPool& pool, const WindowGradArgs<T>& a) {
   std::vector<Piece> pieces;
   for (int64_t n0 = 0; n0 < a.N; n0 += images)
     for (int64_t p0 = 0; p0 < rows; p0 += tile) pieces.push_back({n0, std::min(images, a.N - n0), p0, std::min(rows, p0 + tile)});
-  // Slices hold whole images when row tiles of one image add into the same planes (col2im) or
-  // into the same part of dW; dq's tiles write disjoint rows and may run side by side.
-  const int64_t per_unit = images > 1 || !(a.dw || a.dp) ? 1 : ceil_div(rows, tile);
+  // Slices hold whole images when the row tiles of one image add into the same dX planes (col2im).
+  const int64_t per_unit = images > 1 || !a.dp ? 1 : ceil_div(rows, tile);
   const int64_t units = static_cast<int64_t>(pieces.size()) / per_unit;
   const int64_t dw_elems = G * Qg * PgK;
   int64_t slices = units;
