@@ -76,34 +76,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
 
 std::vector<int64_t> spatial(const Shape& s) { return std::vector<int64_t>(s.begin() + 2, s.end()); }
 
-// Copies n elements; rows here are a few dozen elements long, where a memcpy call costs as much as
-// the copy (and GCC turns a plain loop into one).
-inline void copy_row(const float* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#ifdef __SSE2__
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = src[i];
-}
-inline void copy_row(const double* src, double* dst, int64_t n) {
-  int64_t i = 0;
-#ifdef __SSE2__
-  for (; i + 2 <= n; i += 2) _mm_storeu_pd(dst + i, _mm_loadu_pd(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-template <typename T>
-void copy_strided(const T* src, int64_t stride, T* dst, int64_t n) {
-  if (stride == 1) {
-    copy_row(src, dst, n);
-  } else if (std::is_same_v<T, float> && stride == 2) {
-    if constexpr (std::is_same_v<T, float>) rt::cpu::gather_stride2(src, dst, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
-  }
-}
-
 // Where tap kk of a window reads: offsets from an output position's window origin and the range
 // [ow_lo, ow_hi) of output columns whose tap lies inside the input row.
 struct Tap {
@@ -191,84 +163,6 @@ template <typename T>
 struct Scratch {
   std::vector<T> col, q, padded;
 };
-
-// 1-D and 2-D windows take a faster im2col, as the forward's phase planes do. P's planes are first
-// copied, zero-padded to the extent the windows read and split by stride phase: phase (py, px)
-// holds padded rows py, py + sy, ... and columns px, px + sx, ..., Wq wide. On that grid, output
-// position (oh, ow) is oh * Wq + ow, and window tap (kh, kw) reads phase (kh*dh % sy, kw*dw % sx)
-// at a fixed offset from it, so column row (c, kh, kw) is one contiguous run of a phase plane: one
-// long copy instead of a short one per output row, and col2im becomes long runs of additions. The
-// grid has Wq - OW extra columns per output row; Q gets zeros there, so they add nothing to dW or
-// to col2im, and W im2col(P) drops them.
-struct Grid {
-  bool on = false;
-  int64_t sy = 1, sx = 1, Wq = 0;
-  std::vector<int64_t> tap_phase, tap_off;  // per tap: phase (py * sx + px) and offset in its plane
-  // Phase rows of a piece of `rows` output rows.
-  int64_t phase_rows(const Window3& g, int64_t rows) const { return ceil_div((rows - 1) * sy + (g.k[1] - 1) * g.d[1] + 1, sy); }
-};
-
-Grid grid_of(const Window3& g) {
-  Grid r;
-  if (g.in[0] != 1 || g.k[0] != 1 || g.out[0] != 1 || g.pb[0] != 0) return r;
-  r.on = true;
-  r.sy = g.s[1];
-  r.sx = g.s[2];
-  r.Wq = ceil_div((g.out[2] - 1) * r.sx + (g.k[2] - 1) * g.d[2] + 1, r.sx);
-  for (int64_t kh = 0; kh < g.k[1]; ++kh)
-    for (int64_t kw = 0; kw < g.k[2]; ++kw) {
-      const int64_t ty = kh * g.d[1], tx = kw * g.d[2];
-      r.tap_phase.push_back((ty % r.sy) * r.sx + tx % r.sx);
-      r.tap_off.push_back(ty / r.sy * r.Wq + tx / r.sx);
-    }
-  return r;
-}
-
-// Calls fn(row i of phase (py, px), input row ih, first and end column j_lo, j_hi inside the input,
-// input column of j = 0) for the phase rows of a plane W wide whose padded row 0 is input row r0 - pt.
-template <typename F>
-void for_phase_rows(const Grid& grid, int64_t W, int64_t pt, int64_t pl, int64_t r0, int64_t Hq, F&& fn) {
-  for (int64_t py = 0; py < grid.sy; ++py)
-    for (int64_t px = 0; px < grid.sx; ++px) {
-      const int64_t j_lo = std::clamp<int64_t>(ceil_div(pl - px, grid.sx), 0, grid.Wq);
-      const int64_t j_hi = std::clamp<int64_t>(ceil_div(pl + W - px, grid.sx), j_lo, grid.Wq);
-      const int64_t plane = (py * grid.sx + px) * Hq * grid.Wq;
-      for (int64_t i = 0; i < Hq; ++i) fn(plane + i * grid.Wq, r0 + py + grid.sy * i - pt, j_lo, j_hi, px - pl);
-    }
-}
-
-// The phase planes of one H x W plane for a piece starting at padded row r0 (zero outside it).
-template <typename T>
-void fill_phases(const T* src, int64_t H, int64_t W, int64_t pt, int64_t pl, int64_t r0, int64_t Hq, const Grid& grid,
-                 T* dst) {
-  for_phase_rows(grid, W, pt, pl, r0, Hq, [&](int64_t at, int64_t ih, int64_t j_lo, int64_t j_hi, int64_t c0) {
-    T* row = dst + at;
-    if (ih < 0 || ih >= H) {
-      std::fill(row, row + grid.Wq, T(0));
-      return;
-    }
-    std::fill(row, row + j_lo, T(0));
-    copy_strided(src + ih * W + c0 + j_lo * grid.sx, grid.sx, row + j_lo, j_hi - j_lo);
-    std::fill(row + j_hi, row + grid.Wq, T(0));
-  });
-}
-
-// The transpose of fill_phases: dst[input position] += the phase-plane element holding it.
-template <typename T>
-void add_phases(const T* src, int64_t H, int64_t W, int64_t pt, int64_t pl, int64_t r0, int64_t Hq, const Grid& grid,
-                T* dst) {
-  for_phase_rows(grid, W, pt, pl, r0, Hq, [&](int64_t at, int64_t ih, int64_t j_lo, int64_t j_hi, int64_t c0) {
-    if (ih < 0 || ih >= H) return;
-    const T* __restrict row = src + at;
-    T* __restrict out = dst + ih * W + c0;
-    const int64_t sx = grid.sx;
-    if (sx == 1) {
-      for (int64_t j = j_lo; j < j_hi; ++j) out[j] += row[j];
-    } else {
-      for (int64_t j = j_lo; j < j_hi; ++j) out[j * sx] += row[j];
-    }
-  });
-}
 
 template <typename T>
 T* reserve(std::vector<T>& v, int64_t n) {

@@ -1,12 +1,11 @@
-// Direct backward of a depthwise convolution (one input channel per group), the layout of the
-// forward's depthwise kernel (runtime/cpu/conv_depthwise.cpp): each input plane is laid out once
-// in a zero-padded buffer whose rows are split into stride_w phases, so that every window tap of
-// an output row is one contiguous run of that buffer whatever the stride, dilation or padding.
-//   dW[m, t] = sum over images and output rows of dot(dY row, run of tap t in the padded X);
-//   dX       = the padded buffer of dX, built by adding w[m, t] * dY row onto the run of tap t,
-//              then copied out of the padding and phases.
+// Direct backward of a depthwise convolution (one input channel per group) on the stride-phase grid
+// of conv_grad_internal.h: each input plane is zero-padded and split by stride phase once, and dY's
+// plane is laid on the grid (zeros in its extra columns), so every window tap is one contiguous run
+// over all output positions of the plane, whatever the stride, dilation or padding:
+//   dW[m, t] = sum over images of dot(dY on the grid, the run of tap t in X's phases);
+//   dX       = the phases of dX, built by adding w[m, t] * (dY on the grid) onto the run of tap t,
+//              then added back out of the padding and phases.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "train/grads/conv_grad_internal.h"
@@ -15,157 +14,156 @@ namespace mpq::train::grads {
 
 namespace {
 
-using rt::cpu::ceil_div;
-using rt::cpu::Window3;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MPQ_DW_GRAD_AVX2 1
+#define MPQ_INLINE inline __attribute__((always_inline))
+#else
+#define MPQ_INLINE inline
+#endif
 
-struct DwGeometry {
-  int64_t H, W, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW;
-  int64_t Hp, Lp, rs;            // padded rows read, phase length, elements per padded row (sw * Lp)
-  std::vector<int64_t> tap_off;  // offset of tap (kh, kw) from the start of an output row's window
-};
-
-DwGeometry make_geometry(const Window3& g) {
-  DwGeometry p{g.in[1], g.in[2], g.k[1], g.k[2], g.s[1], g.s[2], g.d[1], g.d[2], g.pb[1], g.pb[2], g.out[1], g.out[2],
-               0, 0, 0, {}};
-  p.Hp = (p.OH - 1) * p.sh + (p.KH - 1) * p.dh + 1;
-  p.Lp = ceil_div((p.OW - 1) * p.sw + (p.KW - 1) * p.dw + 1, p.sw);
-  p.rs = p.sw * p.Lp;
-  for (int64_t kh = 0; kh < p.KH; ++kh)
-    for (int64_t kw = 0; kw < p.KW; ++kw) {
-      const int64_t col = kw * p.dw;
-      p.tap_off.push_back(kh * p.dh * p.rs + (col % p.sw) * p.Lp + col / p.sw);
-    }
-  return p;
-}
-
-// Padded column j of a row holds input column j - pl: columns [lo, lo + count) hold input columns
-// [0, count), the others are padding.
-struct Inside {
-  int64_t lo, count;
-};
-Inside inside_columns(const DwGeometry& p) {
-  return {std::min(p.pl, p.rs), std::clamp<int64_t>(p.rs - p.pl, 0, p.W)};
-}
-
-// Padded, phase-split copy of one input plane; `line` holds one padded row.
+// sum_i a[i] * b[i] in eight independent partial sums (so that the loop vectorises without
+// reassociation: the order is fixed).
 template <typename T>
-void fill_padded(const T* x, T* buf, T* line, const DwGeometry& p) {
-  const Inside in = inside_columns(p);
-  for (int64_t r = 0; r < p.Hp; ++r) {
-    T* row = buf + r * p.rs;
-    const int64_t ih = r - p.pt;
-    if (ih < 0 || ih >= p.H) {
-      std::fill(row, row + p.rs, T(0));
-      continue;
-    }
-    T* dst = p.sw == 1 ? row : line;
-    std::fill(dst, dst + in.lo, T(0));
-    std::memcpy(dst + in.lo, x + ih * p.W, static_cast<size_t>(in.count) * sizeof(T));
-    std::fill(dst + in.lo + in.count, dst + p.rs, T(0));
-    if (p.sw == 1) continue;
-    for (int64_t ph = 0; ph < p.sw; ++ph)
-      for (int64_t j = 0; j < p.Lp; ++j) row[ph * p.Lp + j] = line[j * p.sw + ph];
-  }
-}
-
-// The inverse copy: the input plane's part of a padded, phase-split buffer (input positions that no
-// window reads get zero).
-template <typename T>
-void unfold_padded(const T* buf, T* x, T* line, const DwGeometry& p) {
-  const Inside in = inside_columns(p);
-  for (int64_t ih = 0; ih < p.H; ++ih) {
-    T* out = x + ih * p.W;
-    const int64_t r = ih + p.pt;
-    if (r >= p.Hp) {
-      std::fill(out, out + p.W, T(0));
-      continue;
-    }
-    const T* row = buf + r * p.rs;
-    if (p.sw > 1) {
-      for (int64_t ph = 0; ph < p.sw; ++ph)
-        for (int64_t j = 0; j < p.Lp; ++j) line[j * p.sw + ph] = row[ph * p.Lp + j];
-      row = line;
-    }
-    std::memcpy(out, row + in.lo, static_cast<size_t>(in.count) * sizeof(T));
-    std::fill(out + in.count, out + p.W, T(0));
-  }
-}
-
-// sum over rows r < rows and i < n of a[r * a_step + i] * b[r * b_step + i], in eight independent
-// partial sums (so that the loop vectorises without reassociation: the order is fixed).
-template <typename T>
-T plane_dot(const T* a, int64_t a_step, const T* b, int64_t b_step, int64_t rows, int64_t n) {
+MPQ_INLINE T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
   T lanes[8] = {};
   const int64_t n8 = n / 8 * 8;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict x = a + r * a_step;
-    const T* __restrict y = b + r * b_step;
-    for (int64_t i = 0; i < n8; i += 8)
-      for (int j = 0; j < 8; ++j) lanes[j] += x[i + j] * y[i + j];
-    for (int64_t i = n8; i < n; ++i) lanes[i - n8] += x[i] * y[i];
-  }
+  for (int64_t i = 0; i < n8; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j] * b[i + j];
+  for (int64_t i = n8; i < n; ++i) lanes[i - n8] += a[i] * b[i];
   return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 template <typename T>
-inline void axpy(T* __restrict dst, T a, const T* __restrict src, int64_t n) {
+MPQ_INLINE void axpy(T* __restrict dst, T a, const T* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += a * src[i];
 }
+
+// dY's plane (OH x OW) on the grid: row r at r * Wq. The Wq - OW extra columns between rows are
+// never written: the caller zeroes the buffer once.
+template <typename T>
+void to_grid(const T* src, int64_t OH, int64_t OW, int64_t Wq, T* dst) {
+  for (int64_t r = 0; r < OH; ++r) copy_row(src + r * OW, dst + r * Wq, OW);
+}
+
+struct DwShape {
+  int64_t n, c, mult, H, W, OH, OW, pt, pl;
+  int64_t Hq, plane_q, chan, len, taps;
+};
+
+// dW of channel ci (mult * taps weights), summed over the images in order.
+template <typename T>
+MPQ_INLINE void channel_weights(const DwShape& s, const Grid& grid, const T* x, const T* dy, T* dw, int64_t ci,
+                                T* phases, T* dyg, double* acc) {
+  const int64_t in_plane = s.H * s.W, out_plane = s.OH * s.OW, k = s.mult * s.taps;
+  std::fill(acc, acc + k, 0.0);
+  for (int64_t img = 0; img < s.n; ++img) {
+    fill_phases(x + (img * s.c + ci) * in_plane, s.H, s.W, s.pt, s.pl, 0, s.Hq, grid, phases);
+    for (int64_t mi = 0; mi < s.mult; ++mi) {
+      to_grid(dy + ((img * s.c + ci) * s.mult + mi) * out_plane, s.OH, s.OW, grid.Wq, dyg);
+      for (int64_t t = 0; t < s.taps; ++t) {
+        const int64_t at = grid.tap_phase[static_cast<size_t>(t)] * s.plane_q + grid.tap_off[static_cast<size_t>(t)];
+        acc[mi * s.taps + t] += static_cast<double>(dot(dyg, phases + at, s.len));
+      }
+    }
+  }
+  for (int64_t i = 0; i < k; ++i) dw[ci * k + i] = static_cast<T>(acc[i]);
+}
+
+// dX of plane (image, channel) `plane`.
+template <typename T>
+MPQ_INLINE void plane_input(const DwShape& s, const Grid& grid, const T* w, const T* dy, T* dx, int64_t plane, T* phases,
+                            T* dyg) {
+  const int64_t ci = plane % s.c, in_plane = s.H * s.W, out_plane = s.OH * s.OW;
+  std::fill(phases, phases + s.chan, T(0));
+  for (int64_t mi = 0; mi < s.mult; ++mi) {
+    to_grid(dy + (plane * s.mult + mi) * out_plane, s.OH, s.OW, grid.Wq, dyg);
+    const T* wm = w + (ci * s.mult + mi) * s.taps;
+    for (int64_t t = 0; t < s.taps; ++t) {
+      const int64_t at = grid.tap_phase[static_cast<size_t>(t)] * s.plane_q + grid.tap_off[static_cast<size_t>(t)];
+      axpy(phases + at, wm[t], dyg, s.len);
+    }
+  }
+  T* out = dx + plane * in_plane;
+  std::fill(out, out + in_plane, T(0));
+  add_phases(phases, s.H, s.W, s.pt, s.pl, 0, s.Hq, grid, out);
+}
+
+template <typename T>
+using ChannelWeightsFn = void (*)(const DwShape&, const Grid&, const T*, const T*, T*, int64_t, T*, T*, double*);
+template <typename T>
+using PlaneInputFn = void (*)(const DwShape&, const Grid&, const T*, const T*, T*, int64_t, T*, T*);
+
+template <typename T>
+void channel_weights_plain(const DwShape& s, const Grid& grid, const T* x, const T* dy, T* dw, int64_t ci, T* phases,
+                           T* dyg, double* acc) {
+  channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc);
+}
+template <typename T>
+void plane_input_plain(const DwShape& s, const Grid& grid, const T* w, const T* dy, T* dx, int64_t plane, T* phases,
+                       T* dyg) {
+  plane_input(s, grid, w, dy, dx, plane, phases, dyg);
+}
+
+#ifdef MPQ_DW_GRAD_AVX2
+// The same loops compiled for AVX2 (8 floats a vector instead of SSE2's 4), picked at run time: the
+// build targets baseline x86-64. Different vector widths keep the summation order (eight fixed
+// partial sums), so both give the same bits.
+template <typename T>
+__attribute__((target("avx2"))) void channel_weights_avx2(const DwShape& s, const Grid& grid, const T* x, const T* dy,
+                                                          T* dw, int64_t ci, T* phases, T* dyg, double* acc) {
+  channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc);
+}
+template <typename T>
+__attribute__((target("avx2"))) void plane_input_avx2(const DwShape& s, const Grid& grid, const T* w, const T* dy, T* dx,
+                                                      int64_t plane, T* phases, T* dyg) {
+  plane_input(s, grid, w, dy, dx, plane, phases, dyg);
+}
+
+bool cpu_has_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
+#endif
 
 }  // namespace
 
 template <typename T>
 void depthwise_conv_backward(rt::ThreadPool& pool, const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t n,
-                             int64_t c, int64_t mult, const Window3& g) {
-  const DwGeometry p = make_geometry(g);
-  const int64_t taps = p.KH * p.KW;
-  const int64_t in_plane = p.H * p.W, out_plane = p.OH * p.OW;
-  const size_t buf_elems = static_cast<size_t>(p.Hp * p.rs);
-  const int64_t row_step = p.sh * p.rs;
+                             int64_t c, int64_t mult, const rt::cpu::Window3& g) {
+  const Grid grid = grid_of(g);
+  DwShape s{n, c, mult, g.in[1], g.in[2], g.out[1], g.out[2], g.pb[1], g.pb[2], 0, 0, 0, 0, g.k_size()};
+  s.Hq = grid.phase_rows(g, s.OH);
+  s.plane_q = s.Hq * grid.Wq;
+  s.chan = grid.sy * grid.sx * s.plane_q;
+  s.len = (s.OH - 1) * grid.Wq + s.OW;  // grid positions of the output plane
+  ChannelWeightsFn<T> weights = channel_weights_plain<T>;
+  PlaneInputFn<T> input = plane_input_plain<T>;
+#ifdef MPQ_DW_GRAD_AVX2
+  if (cpu_has_avx2()) {
+    weights = channel_weights_avx2<T>;
+    input = plane_input_avx2<T>;
+  }
+#endif
   if (dw) {
     // One task per channel: its mult * taps weights sum over every image in order.
     pool.parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<T> buf(buf_elems), line(static_cast<size_t>(p.rs));
-      std::vector<double> acc(static_cast<size_t>(mult * taps));
-      for (int64_t ci = lo; ci < hi; ++ci) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t img = 0; img < n; ++img) {
-          fill_padded(x + (img * c + ci) * in_plane, buf.data(), line.data(), p);
-          for (int64_t mi = 0; mi < mult; ++mi) {
-            const T* dyp = dy + ((img * c + ci) * mult + mi) * out_plane;
-            for (int64_t t = 0; t < taps; ++t)
-              acc[static_cast<size_t>(mi * taps + t)] += static_cast<double>(
-                  plane_dot(dyp, p.OW, buf.data() + p.tap_off[static_cast<size_t>(t)], row_step, p.OH, p.OW));
-          }
-        }
-        for (int64_t k = 0; k < mult * taps; ++k) dw[ci * mult * taps + k] = static_cast<T>(acc[static_cast<size_t>(k)]);
-      }
+      std::vector<T> phases(static_cast<size_t>(s.chan)), dyg(static_cast<size_t>(s.len), T(0));
+      std::vector<double> acc(static_cast<size_t>(mult * s.taps));
+      for (int64_t ci = lo; ci < hi; ++ci) weights(s, grid, x, dy, dw, ci, phases.data(), dyg.data(), acc.data());
     });
   }
   if (dx) {
-    const int64_t work = std::max<int64_t>(1, mult * taps * out_plane);
+    const int64_t work = std::max<int64_t>(1, mult * s.taps * s.len);
     pool.parallel_for(n * c, std::max<int64_t>(1, 65536 / work), [&](int64_t lo, int64_t hi) {
-      std::vector<T> buf(buf_elems), line(static_cast<size_t>(p.rs));
-      for (int64_t plane = lo; plane < hi; ++plane) {
-        const int64_t ci = plane % c;
-        std::fill(buf.begin(), buf.end(), T(0));
-        for (int64_t mi = 0; mi < mult; ++mi) {
-          const T* dyp = dy + (plane * mult + mi) * out_plane;
-          const T* wm = w + (ci * mult + mi) * taps;
-          for (int64_t oh = 0; oh < p.OH; ++oh) {
-            T* base = buf.data() + oh * row_step;
-            for (int64_t t = 0; t < taps; ++t) axpy(base + p.tap_off[static_cast<size_t>(t)], wm[t], dyp + oh * p.OW, p.OW);
-          }
-        }
-        unfold_padded(buf.data(), dx + plane * in_plane, line.data(), p);
-      }
+      std::vector<T> phases(static_cast<size_t>(s.chan)), dyg(static_cast<size_t>(s.len), T(0));
+      for (int64_t plane = lo; plane < hi; ++plane) input(s, grid, w, dy, dx, plane, phases.data(), dyg.data());
     });
   }
 }
 
 template void depthwise_conv_backward<float>(rt::ThreadPool&, const float*, const float*, const float*, float*, float*,
-                                             int64_t, int64_t, int64_t, const Window3&);
+                                             int64_t, int64_t, int64_t, const rt::cpu::Window3&);
 template void depthwise_conv_backward<double>(rt::ThreadPool&, const double*, const double*, const double*, double*,
-                                              double*, int64_t, int64_t, int64_t, const Window3&);
+                                              double*, int64_t, int64_t, int64_t, const rt::cpu::Window3&);
 
 }  // namespace mpq::train::grads
