@@ -83,6 +83,8 @@ const std::vector<ConvCase>& conv_cases() {
        {Attribute::make_int("group", 4), Attribute::make_ints("dilations", {2}), Attribute::make_ints("pads", {2, 1})}},
       {"3-D", {2, 3, 5, 4, 6}, {4, 3, 2, 3, 2}, true,
        {Attribute::make_ints("strides", {2, 1, 2}), Attribute::make_ints("pads", {1, 0, 1, 0, 1, 1})}},
+      {"3-D, fewer outputs than inputs", {2, 5, 4, 3, 5}, {2, 5, 2, 2, 3}, true,
+       {Attribute::make_ints("dilations", {1, 2, 1}), Attribute::make_ints("pads", {1, 1, 0, 0, 1, 2})}},
       {"3-D depthwise", {2, 3, 4, 5, 4}, {3, 1, 2, 2, 3}, true,
        {Attribute::make_int("group", 3), Attribute::make_ints("pads", {0, 1, 1, 1, 0, 1})}},
   };

@@ -7,9 +7,8 @@
 //                                                          dX = col2im(W^T dY_n);
 //   ConvTranspose: P = dY, Q = X,  Wt = W [C, M/G, k...];  dW = sum_n X_n im2col(dY_n)^T,
 //                                                          dX = W im2col(dY_n).
-// A stride-1 Conv's dX is computed the ConvTranspose way instead: the full correlation of dY with
-// the flipped kernels (copies in place of col2im's additions, and a GEMM with a long inner
-// dimension). window_grad runs these as BLAS GEMMs over pieces of a few images whose column
+// A stride-1 Conv with fewer output than input channels computes dX the ConvTranspose way instead:
+// the full correlation of dY with the flipped kernels (a smaller column matrix). window_grad runs these as BLAS GEMMs over pieces of a few images whose column
 // matrix fits in cache (columns of the images side by side); 1-D/2-D windows build it from
 // zero-padded, stride-phase-split planes with one long copy per column row (see Grid), 3-D ones
 // with a plain im2col, and pointwise windows (1x1, stride 1, no padding) use the planes as they
@@ -21,10 +20,6 @@
 // calling thread, so the gradients are bit-identical at any thread count.
 #include <algorithm>
 #include <cstring>
-#ifdef __SSE2__
-#include <immintrin.h>
-#endif
-#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
@@ -43,7 +38,8 @@ using rt::cpu::floor_div;
 using rt::cpu::Window;
 using rt::cpu::Window3;
 
-// Column buffers (im2col of a chunk of images) are kept to about this size.
+// A piece's column matrix (im2col of its images or rows) is kept to about this size, so that it is
+// still in cache when the GEMM packs it.
 constexpr int64_t kChunkBytes = int64_t{1} << 20;
 // dW is summed in at most kMaxSlices independent parts (fewer when they would take more than
 // kPartialBytes), the unit of parallel work over images.
@@ -67,7 +63,7 @@ class BlasOnCallingThread {
   int threads_;
 };
 
-// C = beta * C + op(A) op(B), row-major.
+// C = beta * C + op(A) op(B), row-major (alpha is always 1 here).
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
           T* c, int64_t ldc) {
@@ -424,14 +420,14 @@ void conv_grad(GradContext& ctx) {
         a.q = dy.data<T>();
         a.w = w;
         a.dw = dwp;
-        const bool unit_strides = g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1;
-        if (!unit_strides) a.dp = dxp;
+        // With unit strides, dX is also the full correlation of dY with the flipped kernels: a
+        // convolution of dY with windows at X's positions and weights W'[c, (m, k)] =
+        // W[m, c, K-1-k]. Its column matrix has Mg*K rows where col2im's has Cg*K; the smaller
+        // one wins (measured on 3x3 convs: 64->32 channels 10% faster this way, 32->64 20% slower).
+        const bool full_correlation = want_x && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && Mg < Cg;
+        if (!full_correlation) a.dp = dxp;
         if (a.dw || a.dp) window_grad<T>(ctx.pool(), a);
-        if (want_x && unit_strides) {
-          // dX is the full correlation of dY with the flipped kernels: a convolution of dY with
-          // windows at X's positions and weights W'[c, (m, k)] = W[m, c, K-1-k]. Its im2col copies
-          // cost less than col2im's scattered additions, and its GEMM has the long inner
-          // dimension Mg*K instead of writing a Cg*K-row column matrix.
+        if (full_correlation) {
           const int64_t K = g.k_size();
           std::vector<T> flipped(static_cast<size_t>(G * Cg * Mg * K));
           for (int64_t gi = 0; gi < G; ++gi)
