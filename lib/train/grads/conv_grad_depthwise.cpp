@@ -6,7 +6,11 @@
 //   dX       = the phases of dX, built by adding w[m, t] * (dY on the grid) onto the run of tap t,
 //              then added back out of the padding and phases.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
+#ifdef __x86_64__
+#include <immintrin.h>
+#endif
 
 #include "train/grads/conv_grad_internal.h"
 
@@ -21,17 +25,60 @@ namespace {
 #define MPQ_INLINE inline
 #endif
 
-// sum_i a[i] * b[i] in eight independent partial sums (so that the loop vectorises without
-// reassociation: the order is fixed).
+// acc[t] += sum_i y[i] * x[off[t] + i] for the taps t < taps, over n8 elements (a multiple of 8),
+// each in eight independent partial sums (so that the loops vectorise without reassociation: the
+// order is fixed). kTaps > 0 fixes the tap count at compile time so that the partial sums of every
+// tap stay in registers and y is loaded once for all of them.
 template <typename T>
-MPQ_INLINE T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
-  T lanes[8] = {};
-  const int64_t n8 = n / 8 * 8;
-  for (int64_t i = 0; i < n8; i += 8)
-    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j] * b[i + j];
-  for (int64_t i = n8; i < n; ++i) lanes[i - n8] += a[i] * b[i];
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+MPQ_INLINE double finish_lanes(const T* l) {
+  return static_cast<double>(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
 }
+
+template <typename T>
+MPQ_INLINE void tap_dots(const T* __restrict y, const T* __restrict x, const int64_t* off, int64_t taps, int64_t n8,
+                         double* acc) {
+  for (int64_t t = 0; t < taps; ++t) {
+    T lanes[8] = {};
+    const T* xt = x + off[t];
+    for (int64_t i = 0; i < n8; i += 8)
+      for (int j = 0; j < 8; ++j) lanes[j] += y[i + j] * xt[i + j];
+    acc[t] += finish_lanes(lanes);
+  }
+}
+
+#ifdef MPQ_DW_GRAD_AVX2
+// tap_dots for float with AVX: four taps at a time share each load of y. Lane j of a vector sums
+// the same elements in the same order as lanes[j] above (multiply, then add), so the bits agree.
+__attribute__((target("avx2"))) void tap_dots_avx2(const float* __restrict y, const float* __restrict x,
+                                                   const int64_t* off, int64_t taps, int64_t n8, double* acc) {
+  int64_t t = 0;
+  for (; t + 4 <= taps; t += 4) {
+    const float *x0 = x + off[t], *x1 = x + off[t + 1], *x2 = x + off[t + 2], *x3 = x + off[t + 3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+      const __m256 v = _mm256_loadu_ps(y + i);
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(v, _mm256_loadu_ps(x0 + i)));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(v, _mm256_loadu_ps(x1 + i)));
+      a2 = _mm256_add_ps(a2, _mm256_mul_ps(v, _mm256_loadu_ps(x2 + i)));
+      a3 = _mm256_add_ps(a3, _mm256_mul_ps(v, _mm256_loadu_ps(x3 + i)));
+    }
+    alignas(32) float l[4][8];
+    _mm256_store_ps(l[0], a0);
+    _mm256_store_ps(l[1], a1);
+    _mm256_store_ps(l[2], a2);
+    _mm256_store_ps(l[3], a3);
+    for (int k = 0; k < 4; ++k) acc[t + k] += finish_lanes(l[k]);
+  }
+  for (; t < taps; ++t) {
+    const float* xt = x + off[t];
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(xt + i)));
+    alignas(32) float l[8];
+    _mm256_store_ps(l, a);
+    acc[t] += finish_lanes(l);
+  }
+}
+#endif
 
 template <typename T>
 MPQ_INLINE void axpy(T* __restrict dst, T a, const T* __restrict src, int64_t n) {
@@ -48,22 +95,21 @@ void to_grid(const T* src, int64_t OH, int64_t OW, int64_t Wq, T* dst) {
 struct DwShape {
   int64_t n, c, mult, H, W, OH, OW, pt, pl;
   int64_t Hq, plane_q, chan, len, taps;
+  int64_t len8;                 // len rounded up to whole vectors of 8
+  std::vector<int64_t> tap_at;  // where each tap's run starts in a channel's phases
 };
 
 // dW of channel ci (mult * taps weights), summed over the images in order.
-template <typename T>
+template <typename T, typename Dots>
 MPQ_INLINE void channel_weights(const DwShape& s, const Grid& grid, const T* x, const T* dy, T* dw, int64_t ci,
-                                T* phases, T* dyg, double* acc) {
+                                T* phases, T* dyg, double* acc, Dots dots) {
   const int64_t in_plane = s.H * s.W, out_plane = s.OH * s.OW, k = s.mult * s.taps;
   std::fill(acc, acc + k, 0.0);
   for (int64_t img = 0; img < s.n; ++img) {
     fill_phases(x + (img * s.c + ci) * in_plane, s.H, s.W, s.pt, s.pl, 0, s.Hq, grid, phases);
     for (int64_t mi = 0; mi < s.mult; ++mi) {
       to_grid(dy + ((img * s.c + ci) * s.mult + mi) * out_plane, s.OH, s.OW, grid.Wq, dyg);
-      for (int64_t t = 0; t < s.taps; ++t) {
-        const int64_t at = grid.tap_phase[static_cast<size_t>(t)] * s.plane_q + grid.tap_off[static_cast<size_t>(t)];
-        acc[mi * s.taps + t] += static_cast<double>(dot(dyg, phases + at, s.len));
-      }
+      dots(dyg, phases, s.tap_at.data(), s.taps, s.len8, acc + mi * s.taps);
     }
   }
   for (int64_t i = 0; i < k; ++i) dw[ci * k + i] = static_cast<T>(acc[i]);
@@ -78,10 +124,7 @@ MPQ_INLINE void plane_input(const DwShape& s, const Grid& grid, const T* w, cons
   for (int64_t mi = 0; mi < s.mult; ++mi) {
     to_grid(dy + (plane * s.mult + mi) * out_plane, s.OH, s.OW, grid.Wq, dyg);
     const T* wm = w + (ci * s.mult + mi) * s.taps;
-    for (int64_t t = 0; t < s.taps; ++t) {
-      const int64_t at = grid.tap_phase[static_cast<size_t>(t)] * s.plane_q + grid.tap_off[static_cast<size_t>(t)];
-      axpy(phases + at, wm[t], dyg, s.len);
-    }
+    for (int64_t t = 0; t < s.taps; ++t) axpy(phases + s.tap_at[static_cast<size_t>(t)], wm[t], dyg, s.len);
   }
   T* out = dx + plane * in_plane;
   std::fill(out, out + in_plane, T(0));
@@ -96,7 +139,7 @@ using PlaneInputFn = void (*)(const DwShape&, const Grid&, const T*, const T*, T
 template <typename T>
 void channel_weights_plain(const DwShape& s, const Grid& grid, const T* x, const T* dy, T* dw, int64_t ci, T* phases,
                            T* dyg, double* acc) {
-  channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc);
+  channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc, tap_dots<T>);
 }
 template <typename T>
 void plane_input_plain(const DwShape& s, const Grid& grid, const T* w, const T* dy, T* dx, int64_t plane, T* phases,
@@ -111,7 +154,10 @@ void plane_input_plain(const DwShape& s, const Grid& grid, const T* w, const T* 
 template <typename T>
 __attribute__((target("avx2"))) void channel_weights_avx2(const DwShape& s, const Grid& grid, const T* x, const T* dy,
                                                           T* dw, int64_t ci, T* phases, T* dyg, double* acc) {
-  channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc);
+  if constexpr (std::is_same_v<T, float>)
+    channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc, tap_dots_avx2);
+  else
+    channel_weights(s, grid, x, dy, dw, ci, phases, dyg, acc, tap_dots<T>);
 }
 template <typename T>
 __attribute__((target("avx2"))) void plane_input_avx2(const DwShape& s, const Grid& grid, const T* w, const T* dy, T* dx,
@@ -131,11 +177,17 @@ template <typename T>
 void depthwise_conv_backward(rt::ThreadPool& pool, const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t n,
                              int64_t c, int64_t mult, const rt::cpu::Window3& g) {
   const Grid grid = grid_of(g);
-  DwShape s{n, c, mult, g.in[1], g.in[2], g.out[1], g.out[2], g.pb[1], g.pb[2], 0, 0, 0, 0, g.k_size()};
+  DwShape s{n, c, mult, g.in[1], g.in[2], g.out[1], g.out[2], g.pb[1], g.pb[2], 0, 0, 0, 0, g.k_size(), 0, {}};
   s.Hq = grid.phase_rows(g, s.OH);
   s.plane_q = s.Hq * grid.Wq;
   s.chan = grid.sy * grid.sx * s.plane_q;
   s.len = (s.OH - 1) * grid.Wq + s.OW;  // grid positions of the output plane
+  s.len8 = (s.len + 7) / 8 * 8;
+  for (int64_t t = 0; t < s.taps; ++t)
+    s.tap_at.push_back(grid.tap_phase[static_cast<size_t>(t)] * s.plane_q + grid.tap_off[static_cast<size_t>(t)]);
+  // The dot products run over len8 elements: dY's grid buffer is zero past len, and the phases
+  // buffer has room (zeros) for the last tap's run to read that far.
+  const int64_t phases_size = s.chan + (s.len8 - s.len);
   ChannelWeightsFn<T> weights = channel_weights_plain<T>;
   PlaneInputFn<T> input = plane_input_plain<T>;
 #ifdef MPQ_DW_GRAD_AVX2
@@ -147,7 +199,7 @@ void depthwise_conv_backward(rt::ThreadPool& pool, const T* x, const T* w, const
   if (dw) {
     // One task per channel: its mult * taps weights sum over every image in order.
     pool.parallel_for(c, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<T> phases(static_cast<size_t>(s.chan)), dyg(static_cast<size_t>(s.len), T(0));
+      std::vector<T> phases(static_cast<size_t>(phases_size), T(0)), dyg(static_cast<size_t>(s.len8), T(0));
       std::vector<double> acc(static_cast<size_t>(mult * s.taps));
       for (int64_t ci = lo; ci < hi; ++ci) weights(s, grid, x, dy, dw, ci, phases.data(), dyg.data(), acc.data());
     });

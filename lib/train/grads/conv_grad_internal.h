@@ -35,7 +35,8 @@ template <typename T>
 inline void copy_strided(const T* src, int64_t stride, T* dst, int64_t n) {
   if (stride == 1) {
     copy_row(src, dst, n);
-  } else if (std::is_same_v<T, float> && stride == 2) {
+  } else if (std::is_same_v<T, float> && stride == 2 && n >= 16) {
+    // Its vector loop needs 9 elements or more; on shorter rows the call is all the cost.
     if constexpr (std::is_same_v<T, float>) rt::cpu::gather_stride2(src, dst, n);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
