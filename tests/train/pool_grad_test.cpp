@@ -109,6 +109,8 @@ TEST_CASE("MaxPool backward", "[train][grad]") {
        {Attribute::make_ints("kernel_shape", {2, 3}), Attribute::make_ints("strides", {2, 2}),
         Attribute::make_ints("pads", {0, 1, 0, 1})}},
       {"wide rows, stride 1", {2, 3, 4, 23}, {Attribute::make_ints("kernel_shape", {2, 2})}},
+      // 2x2 tiles (the common CNN pooling) with an odd last row and column that no window covers.
+      {"2x2 tiles, odd sizes", {2, 3, 9, 19}, {Attribute::make_ints("kernel_shape", {2, 2}), Attribute::make_ints("strides", {2, 2})}},
   };
   uint32_t seed = 600;
   for (const PoolCase& c : cases) {
@@ -148,6 +150,20 @@ TEST_CASE("MaxPool backward: ties go to the first maximum, never to the padding"
     INFO("element " << e);
     CHECK(dx.data<double>()[e] == want[static_cast<size_t>(e)]);
   }
+  // 2x2 tiles without padding (their own kernel, float32 in vector blocks of four windows): each
+  // window's top-left element wins.
+  Tensor xt(DType::Float32, {1, 1, 4, 10});
+  std::fill(xt.data<float>(), xt.data<float>() + 40, 1.5f);
+  Tensor dyt(DType::Float32, {1, 1, 2, 5});
+  for (int64_t i = 0; i < 10; ++i) dyt.data<float>()[i] = static_cast<float>(i + 1);
+  const Tensor dxt =
+      input_grad("MaxPool", xt, {Attribute::make_ints("kernel_shape", {2, 2}), Attribute::make_ints("strides", {2, 2})}, dyt);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < 10; ++c) {
+      INFO("row " << r << " column " << c);
+      const float expect = r % 2 == 0 && c % 2 == 0 ? static_cast<float>(r / 2 * 5 + c / 2 + 1) : 0.0f;
+      CHECK(dxt.data<float>()[r * 10 + c] == expect);
+    }
 }
 
 TEST_CASE("AveragePool backward", "[train][grad]") {

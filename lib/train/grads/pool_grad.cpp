@@ -8,7 +8,8 @@
 //   (count_include_pad: the taps inside the padded input, the ceil_mode overhang never counting).
 // Each (image, channel) plane is one task that adds its windows' contributions in a fixed order, so
 // the gradients do not depend on the thread count. 1-D and 2-D windows run row by row (long inner
-// loops over output columns), 3-D ones window by window.
+// loops over output columns), 3-D ones window by window; MaxPool's 2x2 stride-2 tiles have their
+// own kernel.
 #include <algorithm>
 #include <limits>
 #include <type_traits>
@@ -187,6 +188,87 @@ void max_pool_backward_2d(rt::ThreadPool& pool, const PoolWindows& pw, const T* 
   });
 }
 
+// 2x2 windows at stride 2 without padding or dilation (the pooling of most small CNNs) tile X:
+// each window's four elements get dY or zero directly, with no zero fill and no scatter.
+bool is_2x2_tiles(const Window3& g) {
+  return is_2d(g) && g.k[1] == 2 && g.k[2] == 2 && g.s[1] == 2 && g.s[2] == 2 && g.d[1] == 1 && g.d[2] == 1 &&
+         g.pb[1] == 0 && g.pb[2] == 0 && 2 * g.out[1] <= g.in[1] && 2 * g.out[2] <= g.in[2];
+}
+
+// Window (a b / c d): the first maximum in that order (strictly greater replaces).
+template <typename T>
+inline int first_max4(T a, T b, T c, T d) {
+  int at = 0;
+  T best = a;
+  if (b > best) {
+    best = b;
+    at = 1;
+  }
+  if (c > best) {
+    best = c;
+    at = 2;
+  }
+  if (d > best) at = 3;
+  return at;
+}
+
+template <typename T>
+void max_pool_2x2_backward(rt::ThreadPool& pool, const Window3& g, const T* x, const T* dy, T* dx, int64_t planes) {
+  const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+  for_planes(pool, planes, H * W, [&](int64_t plane) {
+    const T* xp = x + plane * H * W;
+    const T* gp = dy + plane * OH * OW;
+    T* dp = dx + plane * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const T* r0 = xp + 2 * oh * W;
+      const T* r1 = r0 + W;
+      T* d0 = dp + 2 * oh * W;
+      T* d1 = d0 + W;
+      const T* gr = gp + oh * OW;
+      int64_t ow = 0;
+#ifdef __SSE2__
+      if constexpr (std::is_same_v<T, float>) {
+        // Four windows at once: split each row pair into even (left) and odd (right) columns.
+        const __m128i one = _mm_set1_epi32(1), two = _mm_set1_epi32(2), three = _mm_set1_epi32(3);
+        for (; ow + 4 <= OW; ow += 4) {
+          const __m128 p0 = _mm_loadu_ps(r0 + 2 * ow), p1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          const __m128 q0 = _mm_loadu_ps(r1 + 2 * ow), q1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          const __m128 a = _mm_shuffle_ps(p0, p1, _MM_SHUFFLE(2, 0, 2, 0)), b = _mm_shuffle_ps(p0, p1, _MM_SHUFFLE(3, 1, 3, 1));
+          const __m128 c = _mm_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)), d = _mm_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1));
+          __m128 best = a;
+          __m128i at = _mm_setzero_si128();
+          auto take = [&](__m128 v, __m128i code) {
+            const __m128 t = _mm_cmpgt_ps(v, best);
+            best = _mm_or_ps(_mm_and_ps(t, v), _mm_andnot_ps(t, best));
+            const __m128i ti = _mm_castps_si128(t);
+            at = _mm_or_si128(_mm_and_si128(ti, code), _mm_andnot_si128(ti, at));
+          };
+          take(b, one);
+          take(c, two);
+          take(d, three);
+          const __m128 gv = _mm_loadu_ps(gr + ow);
+          auto part = [&](__m128i code) { return _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(at, code)), gv); };
+          const __m128 ga = part(_mm_setzero_si128()), gb = part(one), gc = part(two), gd = part(three);
+          _mm_storeu_ps(d0 + 2 * ow, _mm_unpacklo_ps(ga, gb));
+          _mm_storeu_ps(d0 + 2 * ow + 4, _mm_unpackhi_ps(ga, gb));
+          _mm_storeu_ps(d1 + 2 * ow, _mm_unpacklo_ps(gc, gd));
+          _mm_storeu_ps(d1 + 2 * ow + 4, _mm_unpackhi_ps(gc, gd));
+        }
+      }
+#endif
+      for (; ow < OW; ++ow) {
+        const int at = first_max4(r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]);
+        d0[2 * ow] = at == 0 ? gr[ow] : T(0);
+        d0[2 * ow + 1] = at == 1 ? gr[ow] : T(0);
+        d1[2 * ow] = at == 2 ? gr[ow] : T(0);
+        d1[2 * ow + 1] = at == 3 ? gr[ow] : T(0);
+      }
+      for (int64_t w = 2 * OW; w < W; ++w) d0[w] = d1[w] = T(0);  // a last odd column no window covers
+    }
+    std::fill(dp + 2 * OH * W, dp + H * W, T(0));  // a last odd row
+  });
+}
+
 // Inverse tap counts per output index of one dimension, as the forward's 2-D path divides.
 template <typename T>
 std::vector<T> inverse_counts(const DimTaps& t, bool count_include_pad) {
@@ -300,7 +382,9 @@ void max_pool_grad(GradContext& ctx) {
   Tensor dx(dy.dtype(), xs);
   visit_float(dy.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (is_2d(pw.g) && pw.g.in_size() <= std::numeric_limits<int32_t>::max())
+    if (is_2x2_tiles(pw.g))
+      max_pool_2x2_backward<T>(ctx.pool(), pw.g, ctx.input(0).data<T>(), dy.data<T>(), dx.data<T>(), xs[0] * xs[1]);
+    else if (is_2d(pw.g) && pw.g.in_size() <= std::numeric_limits<int32_t>::max())
       max_pool_backward_2d<T>(ctx.pool(), pw, ctx.input(0).data<T>(), dy.data<T>(), dx.data<T>(), xs[0] * xs[1]);
     else
       max_pool_backward<T>(ctx.pool(), pw, ctx.input(0).data<T>(), dy.data<T>(), dx.data<T>(), xs[0] * xs[1]);
