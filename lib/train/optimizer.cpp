@@ -68,13 +68,14 @@ class Sgd final : public Optimizer {
           const T wd = static_cast<T>(g.weight_decay), mu = static_cast<T>(o_.momentum);
           const T damp = static_cast<T>(1.0 - o_.dampening), rate = static_cast<T>(glr);
           for (int64_t i = 0; i < p.value.numel(); ++i) {
-            T d = gr[i];
-            if (wd != T(0)) d += wd * w[i];
+            T d = g.log_space ? gr[i] * w[i] : gr[i];
+            if (wd != T(0) && !g.log_space) d += wd * w[i];
             if (b) {
               b[i] = first ? d : mu * b[i] + damp * d;
               d = o_.nesterov ? d + mu * b[i] : b[i];
             }
-            w[i] -= rate * d;
+            if (g.log_space) w[i] *= std::exp(-rate * d);
+            else w[i] -= rate * d;
           }
         });
       }
@@ -130,18 +131,20 @@ class AdamW final : public Optimizer {
           const T* gr = p.grad.data<T>();
           T* m = m_.buf[idx].data<T>();
           T* v = v_.buf[idx].data<T>();
-          const T decay = static_cast<T>(1.0 - glr * g.weight_decay);
+          const T decay = static_cast<T>(g.log_space ? 1.0 : 1.0 - glr * g.weight_decay);
           // 1 - beta in double, then rounded once, as PyTorch passes these as Python floats.
           const T one_minus_b1 = static_cast<T>(1.0 - o_.beta1), one_minus_b2 = static_cast<T>(1.0 - o_.beta2);
           const T b2 = static_cast<T>(o_.beta2);
           const T step_size = static_cast<T>(glr / bc1), bc2_sqrt = static_cast<T>(std::sqrt(bc2));
           const T eps = static_cast<T>(o_.eps);
           for (int64_t i = 0; i < p.value.numel(); ++i) {
+            const T gi = g.log_space ? gr[i] * w[i] : gr[i];
             w[i] *= decay;
-            m[i] += one_minus_b1 * (gr[i] - m[i]);
-            v[i] = b2 * v[i] + one_minus_b2 * gr[i] * gr[i];
+            m[i] += one_minus_b1 * (gi - m[i]);
+            v[i] = b2 * v[i] + one_minus_b2 * gi * gi;
             const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-            w[i] -= step_size * m[i] / denom;
+            if (g.log_space) w[i] *= std::exp(-step_size * m[i] / denom);
+            else w[i] -= step_size * m[i] / denom;
           }
         });
       }

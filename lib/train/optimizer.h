@@ -24,6 +24,11 @@ struct ParamGroup {
   std::vector<size_t> params;  // indices into the parameter list
   double lr_scale = 1.0;
   double weight_decay = 0.0;
+  // Positive values (quantization step sizes) updated in log space: the optimizer steps u = log(v)
+  // with the gradient v * dL/dv and writes back exp(u), so a step size stays positive and moves by
+  // relative amounts whatever its magnitude (Adam's steps are about lr in size, which would swamp
+  // a 1e-4 weight scale). No weight decay applies to such a group.
+  bool log_space = false;
 };
 
 struct SgdOptions {

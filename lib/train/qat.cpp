@@ -89,10 +89,12 @@ struct Groups {
   std::vector<size_t> scales;
 };
 
-// Weights (rank >= 2) decay; biases, normalisation parameters and step sizes do not.
+// Weights (rank >= 2) decay; biases, normalisation parameters and step sizes do not; step sizes
+// move in log space (optimizer.h), which keeps them positive.
 Groups param_groups(const std::vector<Parameter>& params, const std::set<std::string>& scale_names, double wd) {
   Groups g;
-  ParamGroup weights{"weights", {}, 1.0, wd}, other{"biases", {}, 1.0, 0.0}, scales{"scales", {}, 1.0, 0.0};
+  ParamGroup weights{"weights", {}, 1.0, wd, false}, other{"biases", {}, 1.0, 0.0, false};
+  ParamGroup scales{"scales", {}, 1.0, 0.0, true};
   for (size_t i = 0; i < params.size(); ++i) {
     if (scale_names.count(params[i].name)) {
       scales.params.push_back(i);
@@ -338,6 +340,16 @@ QatResult qat_finetune(const QatOptions& o) {
     if (step == 0) res.first_loss = r.loss;
     res.final_loss = r.loss;
     res.losses.push_back(r.loss);
+    // A step size that left the positive numbers, or a weight that left the finite ones, means the
+    // run has diverged as surely as a run of non-finite losses does.
+    for (const Parameter& p : engine.parameters()) {
+      const float* v = p.value.data<float>();
+      const bool scale = scale_names.count(p.name) > 0;
+      for (int64_t i = 0; i < p.value.numel(); ++i)
+        if (!std::isfinite(v[i]) || (scale && !(v[i] > 0)))
+          fail_input("training diverged at step {}: {} '{}' became {}; lower --lr", step + 1, scale ? "step size" : "parameter",
+                     p.name, v[i]);
+    }
     bad = (r.skipped || !std::isfinite(r.loss)) ? bad + 1 : 0;
     if (bad >= o.max_bad_steps)
       fail_input("training diverged: {} consecutive steps had a non-finite loss or gradient (last loss {}, loss scale {}); "

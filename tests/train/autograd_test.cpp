@@ -226,7 +226,7 @@ TEST_CASE("FP16 gradients underflow without loss scaling and train with it", "[t
     AutogradOptions o;
     o.amp = Amp::Fp16;
     Autograd engine(m, o);
-    auto opt = make_sgd({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.0}}, {0.0, 0.0, false});
+    auto opt = make_sgd({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.0, false}}, {0.0, 0.0, false});
     GradScalerOptions so;
     so.enabled = scaling;
     GradScaler scaler(so);
@@ -252,7 +252,7 @@ TEST_CASE("An overflowing FP16 step is skipped and the scale halves", "[train][a
   AutogradOptions o;
   o.amp = Amp::Fp16;
   Autograd engine(m, o);
-  auto opt = make_adamw({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.01}});
+  auto opt = make_adamw({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.01, false}});
   GradScalerOptions so;
   so.init_scale = 16777216.0;  // 2^24: gradients of order 1 overflow FP16's 65504
   GradScaler scaler(so);
@@ -284,7 +284,7 @@ TEST_CASE("Training is bit-identical at any thread count, in FP32 and under AMP"
       o.threads = threads;
       o.amp = amp;
       Autograd engine(m, o);
-      auto opt = make_adamw({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.01}});
+      auto opt = make_adamw({ParamGroup{"all", {0, 1, 2, 3}, 1.0, 0.01, false}});
       GradScaler scaler(GradScalerOptions{65536.0, 2.0, 0.5, 2000, amp == Amp::Fp16});
       Trainer trainer(engine, *opt, scaler, LrSchedule{1e-2, 2, 10}, 1.0);
       for (int s = 0; s < 6; ++s)
@@ -332,7 +332,7 @@ TEST_CASE("Large GEMMs (inner dimensions past OpenBLAS's blocking) train bit-ide
     AutogradOptions o;
     o.threads = threads;
     Autograd engine(m, o);
-    auto opt = make_sgd({ParamGroup{"all", {0, 1, 2}, 1.0, 0.0}});
+    auto opt = make_sgd({ParamGroup{"all", {0, 1, 2}, 1.0, 0.0, false}});
     GradScaler scaler(GradScalerOptions{65536.0, 2.0, 0.5, 2000, false});
     Trainer trainer(engine, *opt, scaler, LrSchedule{1e-2, 0, 3});
     for (int s = 0; s < 3; ++s)

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     Autograd engine(model, o);
     std::vector<size_t> all(engine.parameters().size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    auto opt = make_adamw({ParamGroup{"all", all, 1.0, 0.0}});
+    auto opt = make_adamw({ParamGroup{"all", all, 1.0, 0.0, false}});
     GradScaler scaler(GradScalerOptions{65536.0, 2.0, 0.5, 2000, o.amp == Amp::Fp16});
     Trainer trainer(engine, *opt, scaler, LrSchedule{1e-4, 0, steps + warmup});
     const std::string input = engine.parameters().empty() ? "input" : model.graph->required_inputs().at(0)->name();

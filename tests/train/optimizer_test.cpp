@@ -33,7 +33,7 @@ void grads_at(std::vector<Parameter>& ps, int t) {
 }
 
 std::vector<ParamGroup> groups() {
-  return {ParamGroup{"decay", {0}, 1.0, 0.01}, ParamGroup{"no-decay", {1}, 0.5, 0.0}};
+  return {ParamGroup{"decay", {0}, 1.0, 0.01, false}, ParamGroup{"no-decay", {1}, 0.5, 0.0, false}};
 }
 
 using Expected = std::vector<std::pair<std::vector<float>, std::vector<float>>>;
@@ -143,4 +143,30 @@ TEST_CASE("Global-norm gradient clipping matches clip_grad_norm_", "[train][opti
   // Below the limit nothing changes.
   CHECK(clip_grad_norm(ps, 10.0) == Approx(1.5).epsilon(1e-5));
   CHECK(ps[0].grad.data<float>()[0] == Approx(want0[0]).epsilon(1e-6));
+}
+
+TEST_CASE("Log-space groups keep step sizes positive and move them by relative amounts", "[train][optim]") {
+  for (bool adam : {false, true}) {
+    INFO((adam ? "adamw" : "sgd"));
+    std::vector<Parameter> ps(1);
+    ps[0].name = "scale";
+    ps[0].value = Tensor::from<float>({3}, {1e-4f, 0.02f, 3.0f});
+    ps[0].grad = Tensor::from<float>({3}, {50.0f, -2.0f, 0.1f});
+    auto opt = adam ? make_adamw({ParamGroup{"scales", {0}, 1.0, 0.5, true}})
+                    : make_sgd({ParamGroup{"scales", {0}, 1.0, 0.5, true}}, {0.0, 0.0, false});
+    const std::vector<float> before = {1e-4f, 0.02f, 3.0f};
+    for (int s = 0; s < 5; ++s) opt->step(ps, 0.1);
+    for (int i = 0; i < 3; ++i) {
+      const float v = ps[0].value.data<float>()[i];
+      CHECK(v > 0.0f);
+      // Adam moves u = log(v) by about lr per step: about a factor e^0.5 over 5 steps at most.
+      if (adam) CHECK(std::fabs(std::log(v / before[static_cast<size_t>(i)])) <= 0.51);
+    }
+    // SGD in log space: v *= exp(-lr * v * g), with no weight decay.
+    if (!adam) {
+      float v = 3.0f;
+      for (int s = 0; s < 5; ++s) v *= std::exp(-0.1f * (0.1f * v));
+      CHECK(ps[0].value.data<float>()[2] == Approx(v).epsilon(1e-5));
+    }
+  }
 }
