@@ -53,6 +53,11 @@ scales = {n.input[1] for n in fq.graph.node if n.domain == "mpq" and n.op_type =
 names = [i.name for i in fq.graph.initializer
          if i.data_type == onnx.TensorProto.FLOAT and (i.name in scales or np.prod(i.dims) > 1)]
 params = student.parameters(names)
+# Step sizes train in log space, as mpq's optimizer moves them (optimizer.h, ParamGroup::log_space).
+for k in scales:
+    if k in params:
+        params[k].data = params[k].data.log()
+        student.param_transform[k] = torch.exp
 teacher = OnnxTorch(onnx.load(fp32_path))
 x_all = torch.from_numpy(np.load(os.path.join(data, "images.npy")))
 y_all = torch.from_numpy(np.load(os.path.join(data, "labels.npy")))

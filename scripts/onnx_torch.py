@@ -25,6 +25,8 @@ class OnnxTorch:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self.init = {i.name: torch.from_numpy(nh.to_array(i).copy()) for i in model.graph.initializer}
         self.params = {}
+        # name -> function of the parameter giving the value the graph uses (e.g. exp of a log-scale)
+        self.param_transform = {}
         # Hooks: called with (node, inputs, outputs) after each node (e.g. fake quantization).
         self.after_node = None
         self.input_hook = None  # (node, index, tensor) -> tensor, applied to each node input
@@ -37,7 +39,7 @@ class OnnxTorch:
 
     def run(self, feeds, training=False, bn_momentum_updates=False):
         env = dict(self.init)
-        env.update(self.params)
+        env.update({k: self.param_transform[k](p) if k in self.param_transform else p for k, p in self.params.items()})
         env.update({k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(v)) for k, v in feeds.items()})
         for node in self.model.graph.node:
             ins = [env[i] if i else None for i in node.input]
@@ -203,7 +205,7 @@ class OnnxTorch:
         qmin, qmax = a.get("qmin", -128), a.get("qmax", 127)
         scale = x[1]
         zp = x[2] if len(x) > 2 and x[2] is not None else torch.zeros_like(scale, dtype=torch.int32)
-        learn = isinstance(scale, torch.nn.Parameter) and scale.requires_grad
+        learn = scale.requires_grad
         if scale.numel() == 1:
             if learn:
                 n = x[0].numel()
