@@ -40,6 +40,7 @@ struct QuantizeOpts {
   std::string mode = "auto";
   std::string granularity = "token";
   double smooth_quant = -1;  // < 0: off; otherwise SmoothQuant's alpha
+  bool no_smooth_quant = false;
   bool float_embeddings = false;
   bool symmetric = false;
   bool reduce_range = false;
@@ -80,12 +81,7 @@ Choice choose_defaults(const QuantizeOpts& o, const passes::FamilyGuess& family)
     c.mode = "dynamic";
     c.why = fmt::format("mode dynamic (per-{} ranges at run time) for a {}; --mode static uses calibration data instead",
                         o.granularity, fam);
-    if (!o.data.empty() && o.smooth_quant < 0) {
-      // With data at hand, SmoothQuant helps per-token ranges too: an outlier channel widens every
-      // token's range (all-MiniLM-L6-v2: mean cosine 0.9990 -> 0.9994, docs/quantize.md).
-      c.smooth_quant = 0.5;
-      c.why += "; SmoothQuant alpha 0.5 from --data";
-    }
+
   } else if (!o.data.empty()) {
     c.mode = "static";
     c.why = fmt::format("mode static (calibrated ranges) for a {}", fam);
@@ -93,6 +89,12 @@ Choice choose_defaults(const QuantizeOpts& o, const passes::FamilyGuess& family)
     fail_input("no calibration data: this model looks like a {}, which needs --data DIR or --calib TABLE for static "
                "quantization (or --mode dynamic, which quantizes only its MatMul/Gemm weights without data)",
                fam);
+  }
+  if (transformer && !o.data.empty() && o.smooth_quant < 0 && !o.no_smooth_quant) {
+    // With data at hand, SmoothQuant helps both modes on encoders: an outlier channel widens every
+    // per-tensor range and every token's range (docs/quantize.md: all-MiniLM-L6-v2, tiny_bert).
+    c.smooth_quant = 0.5;
+    c.why += "; SmoothQuant alpha 0.5 from --data (--no-smooth-quant: off)";
   }
   c.activation_type = o.activation_type;
   if (c.mode == "static" && o.activation_type == "auto") {
@@ -134,6 +136,7 @@ int quantize_command(const QuantizeOpts& given) {
   if (o.per_tensor && o.per_channel) fail_input("--per-channel and --per-tensor exclude each other");
   if (o.weight_bits == 4 && o.reduce_range) fail_input("--reduce-range is for 8-bit weights; 4-bit weights are [-7, 7] already");
   if (!o.calib.empty() && !o.data.empty()) fail_input("give one of --calib TABLE or --data DIR, not both");
+  if (o.smooth_quant >= 0 && o.no_smooth_quant) fail_input("--smooth-quant and --no-smooth-quant exclude each other");
   if (o.smooth_quant >= 0 && o.data.empty())
     fail_input("--smooth-quant needs --data DIR (per-channel activation maxima; a --calib table holds per-tensor ranges only)");
   rt::BackendKind backend = rt::resolve_device(o.device);
@@ -430,6 +433,7 @@ void setup_quantize(CLI::App& sub, Action& action) {
       ->expected(0, 1)
       ->default_str("0.5")
       ->check(CLI::Range(0.0, 1.0));
+  sub.add_flag("--no-smooth-quant", o->no_smooth_quant, "no SmoothQuant (on by default for transformers given --data)");
   sub.add_flag("--float-embeddings", o->float_embeddings, "keep Gather tables (word/position embeddings) in float");
   sub.add_option("--activation-type", o->activation_type,
                  "static mode: auto (default: int8 for CNNs, uint8 for transformers), int8 (symmetric, TensorRT) or "
