@@ -146,7 +146,9 @@ class GraphConverter {
     }
     for (size_t i = 0; i < nodes_.size(); ++i) index_[nodes_[i].node] = i;
     unify_types();
-    if (low_ == DType::Float16) eval_constants();
+    // BF16 too: float32 lowest (-3.4028e38, the fill value of attention masks) rounds to -inf in
+    // bfloat16, whose largest finite value is 3.3895e38.
+    eval_constants();
     for (const PatternMatch& m : find_fragile_patterns(g_)) {
       if (m.kind != PatternKind::LayerNorm || m.nodes.size() < 2) continue;
       std::string what = fmt::format("written-out LayerNorm of '{}' ({} nodes)", m.input ? m.input->name() : "?",
