@@ -330,8 +330,9 @@ int quantize_dynamic_command(const QuantizeOpts& o, ir::Model& model, const Choi
   if (o.weight_bits != 8) fail_input("--weight-bits {} is for --mode static (dynamic mode stores int8 weights)", o.weight_bits);
   if (o.format != "qdq") fail_input("--format {} is for --mode static", o.format);
   if (o.max_top1_drop >= 0) fail_input("--max-top1-drop is for --mode static");
-  if (o.activation_type != "auto" && o.activation_type != "uint8")
-    fail_input("--activation-type {}: dynamic quantization uses uint8 activations (DynamicQuantizeLinear's type)", o.activation_type);
+  if (o.activation_type != "auto")
+    fail_input("--activation-type is for --mode static: dynamic quantization uses uint8 activations "
+               "(DynamicQuantizeLinear's type)");
   std::string smoothing;
   if (o.smooth_quant >= 0) smoothing = apply_smooth_quant(o, model, backend);
   passes::DynamicQuantOptions dq;
@@ -424,8 +425,8 @@ void setup_quantize(CLI::App& sub, Action& action) {
                  "transformers, static for the rest (printed)")
       ->check(CLI::IsMember({"auto", "static", "dynamic"}));
   sub.add_option("--granularity", o->granularity,
-                 "dynamic mode: token (default; one range per token, most accurate) or tensor (DynamicQuantizeLinear, "
-                 "the form ONNX Runtime fuses into one kernel: fastest there)")
+                 "dynamic mode: token (default; one uint8 range per token, most accurate) or tensor "
+                 "(DynamicQuantizeLinear, the form ONNX Runtime fuses into one kernel: fastest there, less accurate)")
       ->check(CLI::IsMember({"token", "tensor"}));
   sub.add_option("--smooth-quant", o->smooth_quant,
                  "SmoothQuant with this alpha (flag alone: 0.5): move activation outlier channels into the next "

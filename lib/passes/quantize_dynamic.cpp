@@ -263,4 +263,14 @@ DynamicQuantReport quantize_dynamic(ir::Model& model, const DynamicQuantOptions&
   return rep;
 }
 
+PassStats QuantizeDynamic::run(ir::Model& model) {
+  report_ = quantize_dynamic(model, options_);
+  PassStats stats;
+  for (const auto& [op, n] : report_.quantized) stats.changed += n;
+  stats.changed += report_.embedding_tables;
+  for (const auto& [node, why] : report_.skipped) stats.notes.push_back(fmt::format("{}: {}", node, why));
+  for (const std::string& n : report_.notes) stats.notes.push_back(n);
+  return stats;
+}
+
 }  // namespace mpq::passes

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "passes/pass.h"
 #include "passes/quantize_embeddings.h"
 
 namespace mpq::passes {
@@ -61,5 +62,19 @@ DynamicQuantReport quantize_dynamic(ir::Model& model, const DynamicQuantOptions&
 const char* granularity_name(DynamicQuantOptions::Granularity g);
 // "token" / "tensor"; BadInput otherwise.
 DynamicQuantOptions::Granularity parse_granularity(const std::string& name);
+
+// Registry entry: dynamic quantization with default options (per token, embeddings int8).
+class QuantizeDynamic : public Pass {
+ public:
+  QuantizeDynamic() = default;
+  explicit QuantizeDynamic(DynamicQuantOptions options) : options_(std::move(options)) {}
+  std::string name() const override { return "quantize_dynamic"; }
+  PassStats run(ir::Model& model) override;
+  const DynamicQuantReport& report() const { return report_; }
+
+ private:
+  DynamicQuantOptions options_;
+  DynamicQuantReport report_;
+};
 
 }  // namespace mpq::passes

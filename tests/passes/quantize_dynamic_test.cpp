@@ -253,6 +253,14 @@ TEST_CASE("dynamic quantization: exclusions, skipped nodes, bad input", "[dynami
   CHECK_THROWS_WITH(passes::quantize_dynamic(old, {}), Catch::Contains("opset"));
 }
 
+TEST_CASE("quantize_dynamic is in the pass registry", "[dynamic]") {
+  Model m = load_model(tiny_bert());
+  auto stats = passes::run_passes(m, {"quantize_dynamic"});
+  REQUIRE(stats.size() == 1);
+  CHECK(stats[0].changed == 15);  // 13 MatMul/Gemm and 2 embedding tables
+  CHECK(test::count_ops(m, "MatMulInteger") == 13);
+}
+
 TEST_CASE("model family guess behind mpq quantize's defaults", "[dynamic][family]") {
   auto family = [](const std::string& stem) {
     return passes::guess_model_family(load_model(test::source_dir() / "tests/models" / (stem + ".onnx"))).family;
