@@ -1,11 +1,15 @@
 // Per-layer validation on an encoder with an additive attention mask: the mask's fill values
-// (-3.4e38) are left out, so the attention-score tensors get a real SNR instead of hundreds of dB.
+// (-3.4e38) are left out, so the attention-score tensors get a real SNR instead of hundreds of dB;
+// and the same mask-carrying tensors never get Q/DQ pairs nor FP16 storage.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 
+#include "calib/calibrator.h"
 #include "data/feeds.h"
 #include "ir/onnx_io.h"
+#include "passes/convert_precision.h"
+#include "passes/insert_qdq.h"
 #include "passes/quantize_dynamic.h"
 #include "validate/compare.h"
 #include "validate/per_layer.h"
@@ -58,4 +62,42 @@ TEST_CASE("per-layer SNR of masked attention scores is meaningful", "[per-layer]
   CHECK(scores == 3);
   for (const validate::LayerResult& l : r.per_layer->layers)
     if (l.op_type == "Softmax") CHECK(l.upstream_snr_db < 80.0);
+}
+
+TEST_CASE("masks and position ids never go through Q/DQ, and stay FP32 in FP16", "[mask][qdq][fp16]") {
+  ir::Model ref = ir::load_model(models() / "tiny_bert.onnx");
+  const auto masks = validate::mask_thresholds(ref);
+  REQUIRE(masks.size() >= 4);
+  // Static INT8 with the encoder defaults (uint8, every quantizable input).
+  ir::Model q = ref.clone();
+  data::FeedSource calib = data::FeedSource::open(models() / "tiny_bert_calib", q);
+  calib::CalibOptions co;
+  co.activation_type = "uint8";
+  passes::QdqOptions qo;
+  qo.activation_type = "uint8";
+  qo.quantize_attention = true;  // even with attention MatMuls quantized
+  passes::insert_qdq(q, calib::calibrate(q, calib, co), qo);
+  int quantizers = 0;
+  for (const auto& n : q.graph->nodes()) {
+    if (n->op_type != "QuantizeLinear") continue;
+    ++quantizers;
+    INFO(n->input(0)->name());
+    CHECK_FALSE(masks.count(n->input(0)->name()));
+    CHECK(n->input(0)->type.elem != DType::Int64);
+  }
+  CHECK(quantizers > 10);
+  // FP16: every mask-carrying tensor is still computed in float32.
+  ir::Model h = ref.clone();
+  passes::convert_precision(h, {});
+  for (const auto& [name, threshold] : masks) {
+    const ir::Value* v = h.graph->find(name);
+    REQUIRE(v);
+    const ir::Node* p = v->producer();
+    REQUIRE(p);
+    for (const ir::Value* in : p->inputs())
+      if (in && in->has_initializer()) CHECK(in->initializer().dtype() != DType::Float16);
+  }
+  auto out = test::run_model(h, {{"input_ids", Tensor::from<int64_t>({1, 3}, {5, 9, 0})},
+                                  {"attention_mask", Tensor::from<int64_t>({1, 3}, {1, 1, 0})}});
+  for (int64_t i = 0; i < out[0].numel(); ++i) CHECK(std::isfinite(out[0].data<float>()[i]));
 }
