@@ -146,7 +146,8 @@ def main():
             print(f"== {name}: FP32 top-1 {r['fp32']:.2f}% on {len(test_y)} test images")
             for method in METHODS:
                 q = os.path.join(tmp, f"{name}.{method}.onnx")
-                secs, rss, _ = timed_child([args.mpq, "quantize", model, "--data", calib_dir, "--method", method, "-o", q])
+                secs, rss, _ = timed_child([args.mpq, "quantize", model, "--mode", "static", "--no-smooth-quant", "--data", calib_dir, "--method", method,
+                                              "--activation-type", "int8", "-o", q])
                 acc = mpq_accuracy(args.mpq, q, test_dir, test_y, os.path.join(tmp, f"o_{name}_{method}"))
                 r[f"mpq_{method}"] = acc
                 r[f"mpq_{method}_s"] = secs
@@ -159,7 +160,7 @@ def main():
                 r["mpq_best_in_ort_as_written"] = ort_accuracy(q, test_x, test_y, optimized=False)
                 print(f"   mpq {best} model in ONNX Runtime (graph as written): {r['mpq_best_in_ort_as_written']:.2f}%")
                 rr = os.path.join(tmp, f"{name}.{best}.rr.onnx")
-                subprocess.run([args.mpq, "quantize", model, "--data", calib_dir, "--method", best, "--activation-type",
+                subprocess.run([args.mpq, "quantize", model, "--mode", "static", "--no-smooth-quant", "--data", calib_dir, "--method", best, "--activation-type",
                                 "uint8", "--reduce-range", "-o", rr], check=True, capture_output=True)
                 r["mpq_best_uint8_rr_in_ort"] = ort_accuracy(rr, test_x, test_y, optimized=True)
                 print(f"   mpq {best} uint8 --reduce-range in ONNX Runtime (fused int8 kernels): "

@@ -50,7 +50,8 @@ def main():
             model = os.path.join(ROOT, "tests/models/fashion", f"fashion_{name}.onnx")
             best = {}
             for _ in range(args.repeat):
-                runs = [(f"mpq {m}", [args.mpq, "quantize", model, "--data", calib_dir, "--method", m, "-o", out])
+                runs = [(f"mpq {m}", [args.mpq, "quantize", model, "--mode", "static", "--no-smooth-quant", "--data", calib_dir,
+                                        "--method", m, "--activation-type", "int8", "-o", out])
                         for m in MPQ_METHODS]
                 runs += [(f"ORT {m}", [sys.executable, "-c", ORT_QUANT_CHILD, model, calib_npy, out, m, "1"])
                          for m in ORT_METHODS]

@@ -165,7 +165,8 @@ def main():
             for label, act, flags in (("int8", "int8", []), ("uint8", "uint8", ["--reduce-range"]),
                                       ("int8-per-tensor", "int8", ["--per-tensor"])):
                 q = os.path.join(tmp, f"{os.path.basename(model)[:-5]}.{label}.onnx")
-                r = run([args.mpq, "quantize", model, "--data", calib, "-o", q, "--activation-type", act] + flags)
+                r = run([args.mpq, "quantize", model, "--mode", "static", "--no-smooth-quant", "--data", calib, "-o", q,
+                         "--activation-type", act] + flags)
                 if r.returncode != 0:
                     print(f"FAIL {label} {name}: quantize failed: {r.stderr.strip()}")
                     failures += 1

@@ -220,6 +220,9 @@ int convert_command(const ConvertOpts& o) {
                            "{} beyond the {} range\n",
                            rep.initializers_converted, type_name, rep.initializer_copies, rep.underflow_values,
                            rep.overflow_constants, type_name);
+  if (rep.tables_narrowed)
+    std::cout << fmt::format("  embedding tables: {} stored in {} with a Cast after their FP32 Gather ({} saved)\n",
+                             rep.tables_narrowed, type_name, human_bytes(static_cast<double>(rep.table_bytes_saved)));
   int follow = 0;
   std::vector<const passes::KeptNode*> shown;
   for (const auto& k : rep.kept) {

@@ -14,6 +14,9 @@
 #include "passes/fuse_conv_bn.h"
 #include "passes/insert_fake_quant.h"
 #include "passes/insert_qdq.h"
+#include "passes/model_family.h"
+#include "passes/quantize_dynamic.h"
+#include "passes/smooth_quant.h"
 #include "passes/to_qoperator.h"
 #include "runtime/devices.h"
 #include "validate/sensitivity.h"
@@ -33,7 +36,12 @@ struct QuantizeOpts {
   int batch_size = 1;
   bool per_tensor = false;
   bool per_channel = false;
-  std::string activation_type = "int8";
+  std::string activation_type = "auto";
+  std::string mode = "auto";
+  std::string granularity = "token";
+  double smooth_quant = -1;  // < 0: off; otherwise SmoothQuant's alpha
+  bool no_smooth_quant = false;
+  bool float_embeddings = false;
   bool symmetric = false;
   bool reduce_range = false;
   int weight_bits = 8;
@@ -51,11 +59,86 @@ struct QuantizeOpts {
   std::string eval_data;      // evaluation data for the budget
 };
 
-int quantize_command(const QuantizeOpts& o) {
-  if (o.calib.empty() == o.data.empty()) fail_input("give exactly one of --calib TABLE or --data DIR");
+// What `--mode auto` and `--activation-type auto` resolve to for this model, and why (printed).
+struct Choice {
+  std::string mode;             // static | dynamic
+  std::string activation_type;  // int8 | uint8 (static)
+  double smooth_quant = -1;     // SmoothQuant alpha chosen by default (< 0: none)
+  std::string why;
+};
+
+Choice choose_defaults(const QuantizeOpts& o, const passes::FamilyGuess& family) {
+  Choice c;
+  const bool transformer = family.family == passes::ModelFamily::Transformer;
+  const std::string fam = fmt::format("{} ({})", passes::family_name(family.family), family.why);
+  if (o.mode != "auto") {
+    c.mode = o.mode;
+    c.why = fmt::format("mode {} as asked; model looks like a {}", o.mode, fam);
+  } else if (!o.calib.empty()) {
+    c.mode = "static";
+    c.why = fmt::format("mode static: a calibration table was given; model looks like a {}", fam);
+  } else if (transformer) {
+    c.mode = "dynamic";
+    c.why = fmt::format("mode dynamic (per-{} ranges at run time) for a {}; --mode static uses calibration data instead",
+                        o.granularity, fam);
+
+  } else if (!o.data.empty()) {
+    c.mode = "static";
+    c.why = fmt::format("mode static (calibrated ranges) for a {}", fam);
+  } else {
+    fail_input("no calibration data: this model looks like a {}, which needs --data DIR or --calib TABLE for static "
+               "quantization (or --mode dynamic, which quantizes only its MatMul/Gemm weights without data)",
+               fam);
+  }
+  if (transformer && !o.data.empty() && o.smooth_quant < 0 && !o.no_smooth_quant) {
+    // With data at hand, SmoothQuant helps both modes on encoders: an outlier channel widens every
+    // per-tensor range and every token's range (docs/quantize.md: all-MiniLM-L6-v2, tiny_bert).
+    c.smooth_quant = 0.5;
+    c.why += "; SmoothQuant alpha 0.5 from --data (--no-smooth-quant: off)";
+  }
+  c.activation_type = o.activation_type;
+  if (c.mode == "static" && o.activation_type == "auto") {
+    // Transformer activations (after GELU, Softmax, LayerNorm with a shifted mean) are seldom
+    // centred on zero: asymmetric uint8 uses all 256 levels where symmetric int8 wastes half.
+    c.activation_type = transformer ? "uint8" : "int8";
+    c.why += transformer ? "; activations uint8 asymmetric (transformer; --activation-type int8 for TensorRT)"
+                         : "; activations int8 symmetric (TensorRT's convention)";
+  }
+  return c;
+}
+
+int quantize_dynamic_command(const QuantizeOpts& o, ir::Model& model, const Choice& choice, rt::BackendKind backend,
+                             uintmax_t size_before, std::chrono::steady_clock::time_point t0);
+
+// SmoothQuant on the prepared model from per-channel maxima on --data; returns the summary line.
+std::string apply_smooth_quant(const QuantizeOpts& o, ir::Model& model, rt::BackendKind backend) {
+  passes::SmoothQuantOptions so;
+  so.alpha = o.smooth_quant;
+  so.exclude_nodes = split_comma_list(o.exclude_nodes);
+  so.exclude_ops = split_comma_list(o.exclude_ops);
+  data::DataOptions dopts;
+  dopts.max_feeds = o.max_samples;
+  data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
+  auto amax = passes::collect_channel_amax(model, feeds, passes::smooth_quant_targets(model, so), o.max_samples, backend,
+                                           o.threads);
+  passes::SmoothQuantReport r = passes::smooth_quant(model, amax, so);
+  ir::verify_or_throw(model);
+  model.set_metadata("mpq.quantization.smooth_quant_alpha", fmt::format("{}", o.smooth_quant));
+  for (const std::string& n : r.notes) spdlog::warn("{}", n);
+  return fmt::format("SmoothQuant alpha {}: {} activation(s) smoothed into {} weight(s) ({} folded into LayerNorm, {} Mul "
+                     "inserted), largest channel factor {:.3g}",
+                     o.smooth_quant, r.activations, r.weights, r.folded, r.muls, r.largest_factor);
+}
+
+
+int quantize_command(const QuantizeOpts& given) {
+  QuantizeOpts o = given;
   if (o.per_tensor && o.per_channel) fail_input("--per-channel and --per-tensor exclude each other");
   if (o.weight_bits == 4 && o.reduce_range) fail_input("--reduce-range is for 8-bit weights; 4-bit weights are [-7, 7] already");
-  if (o.symmetric && o.activation_type == "int8") spdlog::debug("int8 activations are symmetric already");
+  if (!o.calib.empty() && !o.data.empty()) fail_input("give one of --calib TABLE or --data DIR, not both");
+  if (o.smooth_quant >= 0 && o.no_smooth_quant) fail_input("--smooth-quant and --no-smooth-quant exclude each other");
+  if (o.smooth_quant >= 0 && o.data.empty())
+    fail_input("--smooth-quant needs --data DIR (per-channel activation maxima; a --calib table holds per-tensor ranges only)");
   rt::BackendKind backend = rt::resolve_device(o.device);
   refuse_overwrite_input(o.model, o.output);
   if (o.max_top1_drop >= 0 && o.eval_data.empty()) fail_input("--max-top1-drop needs --eval-data DIR (evaluation data; labels.npy beside it gives the accuracy drop)");
@@ -73,6 +156,14 @@ int quantize_command(const QuantizeOpts& o) {
     passes::FuseConvBn fuse;
     fused = passes::run_pass(fuse, model);
   }
+  const Choice choice = choose_defaults(o, passes::guess_model_family(model));
+  if (choice.smooth_quant >= 0) o.smooth_quant = choice.smooth_quant;
+  if (choice.mode == "dynamic") return quantize_dynamic_command(o, model, choice, backend, size_before, t0);
+  if (o.calib.empty() && o.data.empty()) fail_input("static quantization needs --data DIR or --calib TABLE");
+  o.activation_type = choice.activation_type;
+  if (o.symmetric && o.activation_type == "int8") spdlog::debug("int8 activations are symmetric already");
+  std::string smoothing;
+  if (o.smooth_quant >= 0) smoothing = apply_smooth_quant(o, model, backend);
 
   calib::CalibrationTable table;
   std::string method;
@@ -112,6 +203,7 @@ int quantize_command(const QuantizeOpts& o) {
   qo.quantize_outputs = !o.float_outputs;
   qo.exclude_nodes = split_comma_list(o.exclude_nodes);
   qo.exclude_ops = split_comma_list(o.exclude_ops);
+  qo.quantize_embeddings = !o.float_embeddings;
   // Accuracy budget: keep the fewest quantized compute nodes in float that meet it on the evaluation
   // data (the search of `mpq sensitivity`, lib/validate/sensitivity.h).
   std::vector<std::string> kept_fp32;
@@ -192,6 +284,11 @@ int quantize_command(const QuantizeOpts& o) {
     j["size_before_bytes"] = size_before;
     j["size_after_bytes"] = size_after;
     j["calibration"] = {{"method", method}, {"samples", samples}};
+    j["mode"] = "static";
+    j["activation_type"] = o.activation_type;
+    j["choice"] = choice.why;
+    j["embedding_tables"] = rep.embedding_tables;
+    if (!smoothing.empty()) j["smooth_quant"] = smoothing;
     j["notes"] = rep.notes;
     j["seconds"] = secs;
     if (o.max_top1_drop >= 0)
@@ -202,6 +299,11 @@ int quantize_command(const QuantizeOpts& o) {
   std::vector<std::string> by_op;
   for (const auto& [op, n] : rep.quantized) by_op.push_back(fmt::format("{} {}", op, n));
   std::cout << fmt::format("quantized {} node(s) to INT8 ({}): {}\n", quantized, o.format, fmt::join(by_op, ", "));
+  std::cout << "  " << choice.why << "\n";
+  if (!smoothing.empty()) std::cout << "  " << smoothing << "\n";
+  if (rep.embedding_tables)
+    std::cout << fmt::format("  {} embedding table(s) stored int8 per row ({} saved)\n", rep.embedding_tables,
+                             human_bytes(static_cast<double>(rep.embedding_bytes_saved)));
   std::cout << fmt::format("  {} activation Q/DQ pairs, {} weight tensors ({}), {} int32 biases; {} BatchNorm fused, {} constants folded\n",
                            rep.activation_pairs, rep.weight_tensors, rep.per_channel ? "per channel" : "per tensor",
                            rep.int32_biases, fused.changed, folded.changed);
@@ -222,6 +324,82 @@ int quantize_command(const QuantizeOpts& o) {
   return budget_met ? 0 : 1;
 }
 
+int quantize_dynamic_command(const QuantizeOpts& o, ir::Model& model, const Choice& choice, rt::BackendKind backend,
+                             uintmax_t size_before, std::chrono::steady_clock::time_point t0) {
+  if (!o.calib.empty()) fail_input("--calib is for --mode static: dynamic quantization computes ranges at run time");
+  if (o.weight_bits != 8) fail_input("--weight-bits {} is for --mode static (dynamic mode stores int8 weights)", o.weight_bits);
+  if (o.format != "qdq") fail_input("--format {} is for --mode static", o.format);
+  if (o.max_top1_drop >= 0) fail_input("--max-top1-drop is for --mode static");
+  if (o.activation_type != "auto")
+    fail_input("--activation-type is for --mode static: dynamic quantization uses uint8 activations "
+               "(DynamicQuantizeLinear's type)");
+  std::string smoothing;
+  if (o.smooth_quant >= 0) smoothing = apply_smooth_quant(o, model, backend);
+  passes::DynamicQuantOptions dq;
+  dq.granularity = passes::parse_granularity(o.granularity);
+  dq.per_channel = !o.per_tensor;
+  dq.reduce_range = o.reduce_range;
+  dq.quantize_embeddings = !o.float_embeddings;
+  dq.exclude_nodes = split_comma_list(o.exclude_nodes);
+  dq.exclude_ops = split_comma_list(o.exclude_ops);
+  passes::DynamicQuantReport rep = passes::quantize_dynamic(model, dq);
+  ir::verify_or_throw(model);
+  const int qmax = o.reduce_range ? 63 : 127;
+  model.set_metadata("mpq.version", MPQ_VERSION);
+  model.set_metadata("mpq.command", command_line());
+  model.set_metadata("mpq.quantization.mode", "dynamic");
+  model.set_metadata("mpq.quantization.weights", fmt::format("int8 symmetric {} in [-{}, {}]",
+                                                             dq.per_channel ? "per-channel" : "per-tensor", qmax, qmax));
+  model.set_metadata("mpq.quantization.activations",
+                     fmt::format("uint8 asymmetric per {}, computed at run time", o.granularity));
+  model.set_metadata("mpq.quantization.embeddings", rep.embedding_tables ? "int8 per row" : "float");
+  ir::save_model(model, o.output);
+  const uintmax_t size_after = fs::file_size(o.output);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int quantized = 0;
+  for (const auto& [op, n] : rep.quantized) quantized += n;
+  if (o.json) {
+    nlohmann::json j;
+    j["output"] = o.output;
+    j["mode"] = "dynamic";
+    j["granularity"] = o.granularity;
+    j["choice"] = choice.why;
+    j["quantized"] = rep.quantized;
+    j["skipped"] = nlohmann::json::array();
+    for (const auto& [node, why] : rep.skipped) j["skipped"].push_back({{"node", node}, {"reason", why}});
+    j["dynamic_activations"] = rep.activations;
+    j["weight_tensors"] = rep.weight_tensors;
+    j["embedding_tables"] = rep.embedding_tables;
+    j["per_channel"] = dq.per_channel;
+    j["size_before_bytes"] = size_before;
+    j["size_after_bytes"] = size_after;
+    j["notes"] = rep.notes;
+    if (!smoothing.empty()) j["smooth_quant"] = smoothing;
+    j["seconds"] = secs;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::string> by_op;
+  for (const auto& [op, n] : rep.quantized) by_op.push_back(fmt::format("{} {}", op, n));
+  std::cout << fmt::format("quantized {} node(s) to INT8 (dynamic, per {}): {}\n", quantized, o.granularity,
+                           fmt::join(by_op, ", "));
+  std::cout << "  " << choice.why << "\n";
+  if (!smoothing.empty()) std::cout << "  " << smoothing << "\n";
+  std::cout << fmt::format("  {} activation(s) quantized at run time, {} weight tensors ({}); {} embedding table(s) stored "
+                           "int8 per row ({} saved)\n",
+                           rep.activations, rep.weight_tensors, dq.per_channel ? "per channel" : "per tensor",
+                           rep.embedding_tables, human_bytes(static_cast<double>(rep.embedding_bytes_saved)));
+  if (!rep.skipped.empty()) {
+    std::cout << fmt::format("  kept in float: {}\n", rep.skipped.size());
+    for (const auto& [node, why] : rep.skipped) std::cout << fmt::format("    {}: {}\n", node, why);
+  }
+  for (const std::string& note : rep.notes) std::cout << "  note: " << note << "\n";
+  std::cout << fmt::format("wrote {}: {} -> {} ({:.1f}% of FP32) in {:.2f} s\n", o.output,
+                           human_bytes(static_cast<double>(size_before)), human_bytes(static_cast<double>(size_after)),
+                           100.0 * static_cast<double>(size_after) / static_cast<double>(size_before), secs);
+  return 0;
+}
+
 }  // namespace
 
 void setup_quantize(CLI::App& sub, Action& action) {
@@ -230,8 +408,8 @@ void setup_quantize(CLI::App& sub, Action& action) {
   for (const auto& m : calib::range_methods()) names.push_back(m.name);
   sub.add_option("MODEL", o->model, "FP32 ONNX model")->required();
   sub.add_option("-o,--output", o->output, "quantized model to write")->required();
-  sub.add_option("--calib", o->calib, "calibration table from `mpq calibrate` (.json or .pb)");
-  sub.add_option("--data", o->data, "calibrate here instead, on this data folder");
+  sub.add_option("--calib", o->calib, "static mode: calibration table from `mpq calibrate` (.json or .pb)");
+  sub.add_option("--data", o->data, "calibration data folder (static mode, --smooth-quant)");
   sub.add_option("--method", o->method, "range method with --data: minmax, percentile, entropy (default), mse")
       ->check(CLI::IsMember(names));
   sub.add_option("--percentile", o->percentile, "percentile for --method percentile");
@@ -239,8 +417,29 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_option("--batch-size", o->batch_size, "feeds per calibration run");
   sub.add_flag("--per-channel", o->per_channel, "per-channel int8 weights (default)");
   sub.add_flag("--per-tensor", o->per_tensor, "one scale per weight tensor");
-  sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, TensorRT; default) or uint8 (asymmetric)")
-      ->check(CLI::IsMember({"int8", "uint8"}));
+  sub.add_option("--mode", o->mode,
+                 "auto (default), static or dynamic. static: activation ranges calibrated once on --data, Q/DQ pairs "
+                 "everywhere; the choice for CNNs and for TensorRT/int8 accelerators. dynamic: int8 weights, activation "
+                 "ranges computed by the model on every run, no data needed; the choice for transformer encoders "
+                 "(BERT, sentence embedders) on CPU, whose ranges change per sentence and per token. auto: dynamic for "
+                 "transformers, static for the rest (printed)")
+      ->check(CLI::IsMember({"auto", "static", "dynamic"}));
+  sub.add_option("--granularity", o->granularity,
+                 "dynamic mode: token (default; one uint8 range per token, most accurate) or tensor "
+                 "(DynamicQuantizeLinear, the form ONNX Runtime fuses into one kernel: fastest there, less accurate)")
+      ->check(CLI::IsMember({"token", "tensor"}));
+  sub.add_option("--smooth-quant", o->smooth_quant,
+                 "SmoothQuant with this alpha (flag alone: 0.5): move activation outlier channels into the next "
+                 "MatMul/Gemm weights before quantizing; needs --data")
+      ->expected(0, 1)
+      ->default_str("0.5")
+      ->check(CLI::Range(0.0, 1.0));
+  sub.add_flag("--no-smooth-quant", o->no_smooth_quant, "no SmoothQuant (on by default for transformers given --data)");
+  sub.add_flag("--float-embeddings", o->float_embeddings, "keep Gather tables (word/position embeddings) in float");
+  sub.add_option("--activation-type", o->activation_type,
+                 "static mode: auto (default: int8 for CNNs, uint8 for transformers), int8 (symmetric, TensorRT) or "
+                 "uint8 (asymmetric)")
+      ->check(CLI::IsMember({"auto", "int8", "uint8"}));
   sub.add_flag("--symmetric", o->symmetric, "symmetric uint8 activations (zero point 128)");
   sub.add_flag("--reduce-range", o->reduce_range,
                "7-bit weights [-63, 63] (ONNX Runtime's reduce_range): use for ONNX Runtime on x86 CPUs without "
@@ -267,7 +466,9 @@ void setup_quantize(CLI::App& sub, Action& action) {
                  "(exit 1 when it cannot be met; see mpq sensitivity)");
   sub.add_option("--eval-data", o->eval_data, "evaluation data for --max-top1-drop (labels.npy beside it: accuracy drop; "
                                                "without: top-1 disagreement with FP32)");
-  sub.footer("Example: mpq quantize model.onnx --data calib_data/calib --method entropy -o model.int8.onnx");
+  sub.footer("Examples:\n  mpq quantize cnn.onnx --data calib_data/calib --method entropy -o cnn.int8.onnx      # static\n"
+             "  mpq quantize encoder.onnx -o encoder.int8.onnx                                     # dynamic, no data\n"
+             "  mpq quantize encoder.onnx --mode static --data sentences/ --smooth-quant -o enc.int8.onnx");
   sub.callback([&action, o] { action = [o] { return quantize_command(*o); }; });
 }
 

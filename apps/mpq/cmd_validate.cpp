@@ -74,6 +74,9 @@ void print_layers(const validate::PerLayerResult& pl, int top) {
   std::cout << fmt::format("per-layer: {} tensors compared, {} without a counterpart, at most {} of reference activations held;\n"
                            "  worst first (local SNR = noise the layer adds itself)\n",
                            pl.layers.size(), pl.unmatched.size(), human_bytes(static_cast<double>(pl.peak_window_bytes)));
+  if (pl.masked)
+    std::cout << fmt::format("  {} attention-mask fill value(s) (|x| >= half the mask constant) left out of the SNRs\n",
+                             pl.masked);
   size_t w = 6;
   const size_t shown = std::min(pl.ranking.size(), static_cast<size_t>(std::max(top, 0)));
   for (size_t k = 0; k < shown; ++k) w = std::max(w, pl.layers[pl.ranking[k]].name.size());

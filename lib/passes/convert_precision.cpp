@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "passes/narrow_gather_tables.h"
 #include "passes/patterns.h"
 #include "passes/precision_policy.h"
 #include "passes/precision_schema.h"
@@ -145,7 +146,9 @@ class GraphConverter {
     }
     for (size_t i = 0; i < nodes_.size(); ++i) index_[nodes_[i].node] = i;
     unify_types();
-    if (low_ == DType::Float16) eval_constants();
+    // BF16 too: float32 lowest (-3.4028e38, the fill value of attention masks) rounds to -inf in
+    // bfloat16, whose largest finite value is 3.3895e38.
+    eval_constants();
     for (const PatternMatch& m : find_fragile_patterns(g_)) {
       if (m.kind != PatternKind::LayerNorm || m.nodes.size() < 2) continue;
       std::string what = fmt::format("written-out LayerNorm of '{}' ({} nodes)", m.input ? m.input->name() : "?",
@@ -974,6 +977,14 @@ ConvertReport convert_precision(ir::Model& model, const ConvertOptions& options)
     }
   }
   GraphConverter(model, *model.graph, options, rep, true, NameTypes{}).run();
+  if (options.narrow_tables_min_elements > 0) {
+    NarrowedTables t = narrow_gather_tables(*model.graph, options.low, options.narrow_tables_min_elements, options.keep_fp32);
+    rep.tables_narrowed = t.tables;
+    rep.table_bytes_saved = t.bytes_saved;
+    rep.initializers_converted += t.tables;
+    rep.underflow_values += t.underflow_values;
+    rep.underflow_tensors.insert(rep.underflow_tensors.end(), t.underflow_tensors.begin(), t.underflow_tensors.end());
+  }
   rep.opset_after = model.opset();
   if (rep.underflow_values > 0)
     rep.notes.push_back(fmt::format("{} non-zero constant value(s) in {} tensor(s) became 0 in {}", rep.underflow_values,

@@ -42,6 +42,10 @@ struct ConvertOptions {
   double max_magnitude = 4096.0;
   // BF16 only: raise older models to opset 16 (false: fail instead).
   bool raise_opset = true;
+  // Embedding tables (float32 initializers of at least this many values read only through
+  // Gather) whose Gather stays FP32 are stored in the low type with a Cast after the Gather
+  // (narrow_gather_tables.h); 0 turns this off.
+  int64_t narrow_tables_min_elements = 4096;
 };
 
 struct KeptNode {
@@ -65,6 +69,8 @@ struct ConvertReport {
   int64_t underflow_values = 0;    // non-zero values that became zero in the low type
   std::vector<std::pair<std::string, int64_t>> underflow_tensors;  // tensor name, count
   int overflow_constants = 0;      // constants above the low type's range (consumers kept FP32)
+  int tables_narrowed = 0;         // Gather tables stored low with a Cast after the Gather
+  int64_t table_bytes_saved = 0;
   int64_t opset_before = 0, opset_after = 0;
   int subgraphs = 0;  // If/Loop/Scan bodies converted
   std::vector<std::string> notes;

@@ -14,6 +14,7 @@
 #include "passes/pass.h"
 #include "passes/patterns.h"
 #include "passes/quant_placement.h"
+#include "passes/quantize_embeddings.h"
 #include "passes/upgrade_opset.h"
 
 namespace mpq::passes {
@@ -240,6 +241,9 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
     g.set_node_input(n, 2, bdq);
     ++rep.int32_biases;
   }
+
+  rep.embedding_tables = static_cast<int>(plan.embeddings.size());
+  rep.embedding_bytes_saved = quantize_embedding_tables(g, plan.embeddings);
 
   g.topological_sort();
   g.remove_dead_nodes();  // Constant nodes whose weights were replaced

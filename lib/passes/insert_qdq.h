@@ -11,7 +11,8 @@
 //    scale (Concat inputs share the output's scale), so they run in int8 without extra rounding;
 //    Add, Mul and pooling whose neighbours are already quantized read the shared DequantizeLinear;
 //  - never inside Softmax, LayerNorm (op or written out) or GELU patterns;
-//  - graph outputs stay float unless produced by Conv/Gemm/MatMul.
+//  - graph outputs stay float unless produced by Conv/Gemm/MatMul;
+//  - embedding tables read through Gather are stored int8 per row (quantize_embeddings.h).
 #include <map>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 #include "calib/qparams.h"
 #include "calib/table.h"
 #include "ir/graph.h"
+#include "passes/quantize_embeddings.h"
 
 namespace mpq::passes {
 
@@ -34,6 +36,10 @@ struct QdqOptions {
   bool quantize_bias = true;             // int32 bias (false: bias stays float)
   bool quantize_outputs = true;          // graph outputs produced by Conv/Gemm/MatMul
   bool quantize_attention = false;       // MatMul with two activation inputs
+  // Gather tables (word/position embeddings) of at least this many float32 values: int8 rows with
+  // a per-row scale, dequantized after the Gather (quantize_embeddings.h).
+  bool quantize_embeddings = true;
+  int64_t embedding_min_elements = kEmbeddingMinElements;
   std::set<std::string> exclude_nodes;   // node names kept in float
   std::set<std::string> exclude_ops;     // op types kept in float
   int weight_bits = 8;                   // 8: [-127, 127]; 4: [-7, 7] (stored as int8 values)
@@ -49,6 +55,8 @@ struct QdqReport {
   int activation_pairs = 0;
   int weight_tensors = 0;
   int int32_biases = 0;
+  int embedding_tables = 0;
+  int64_t embedding_bytes_saved = 0;
   bool per_channel = true;
   std::vector<std::string> notes;
 };

@@ -8,6 +8,7 @@
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
+#include "passes/quantize_dynamic.h"
 
 namespace mpq::passes {
 
@@ -66,6 +67,7 @@ void register_all_passes(PassRegistry& r) {
   r.add("fuse_conv_bn", [] { return std::make_unique<FuseConvBn>(); });
   r.add("fuse_conv_activation", [] { return std::make_unique<FuseConvActivation>(); });
   r.add("convert_precision", [] { return std::make_unique<ConvertPrecision>(); });
+  r.add("quantize_dynamic", [] { return std::make_unique<QuantizeDynamic>(); });
 }
 
 PassStats run_pass(Pass& pass, ir::Model& model, bool verify) {

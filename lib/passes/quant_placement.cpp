@@ -212,6 +212,7 @@ QuantPlacement place_quantizers(ir::Model& model, const calib::CalibrationTable&
   };
   for (Value* v : graph_outputs_to_quantize) plan.outputs.push_back({v, group_of(v)});
   for (Value* v : order) plan.activations.push_back({v, rewire[v], group_of(v)});
+  if (o.quantize_embeddings) plan.embeddings = find_embedding_tables(g, o.embedding_min_elements, o.exclude_nodes, o.exclude_ops);
   return plan;
 }
 

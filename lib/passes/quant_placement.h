@@ -9,7 +9,10 @@
 //    (anchors, plus MaxPool/Concat/nearest-Resize inputs and residual Add/pooling neighbours);
 //  - scale groups: tensors that must share one scale (the inputs and output of MaxPool, Concat and
 //    nearest Resize, so those ops run on integers without extra rounding), with their merged range;
-//  - graph outputs produced by anchors, quantized in place.
+//  - graph outputs produced by anchors, quantized in place;
+//  - embedding tables: large float32 initializers read only through Gather, stored as int8 rows
+//    with one scale per row (quantize_embeddings.h; fake-quant mirrors this with a per-row
+//    symmetric quantizer on the table).
 #include <map>
 #include <string>
 #include <utility>
@@ -18,6 +21,7 @@
 #include "calib/table.h"
 #include "ir/graph.h"
 #include "passes/insert_qdq.h"
+#include "passes/quantize_embeddings.h"
 
 namespace mpq::passes {
 
@@ -42,6 +46,7 @@ struct QuantPlacement {
   std::vector<Activation> activations;  // in insertion order
   std::vector<Output> outputs;
   std::vector<calib::TensorCalib> group_ranges;  // merged calibration range of each scale group
+  std::vector<EmbeddingTable> embeddings;        // Gather tables stored int8 per row
   bool per_channel = true;
   QdqReport report;  // quantized / skipped / notes (counts of inserted pairs are left to the caller)
 };

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -279,6 +280,25 @@ CompareResult compare_models(const ir::Model& ref, const ir::Model& cand, const 
           return;
         }
         Tensor a = as_float32(r), b = as_float32(t);
+        const double mask = matching.matches[li].mask_threshold;
+        if (!std::isinf(mask)) {
+          // Leave the attention-mask fill values out (per_layer.h, mask_thresholds).
+          const float* ra = a.data<float>();
+          const float* cb = b.data<float>();
+          std::vector<float> kept_r, kept_c;
+          kept_r.reserve(static_cast<size_t>(a.numel()));
+          kept_c.reserve(static_cast<size_t>(a.numel()));
+          for (int64_t i = 0; i < a.numel(); ++i) {
+            if (std::fabs(static_cast<double>(ra[i])) >= mask) {
+              ++layer_stats[li].masked;
+              continue;
+            }
+            kept_r.push_back(ra[i]);
+            kept_c.push_back(cb[i]);
+          }
+          layer_stats[li].stats.add(kept_r.data(), kept_c.data(), static_cast<int64_t>(kept_r.size()));
+          return;
+        }
         layer_stats[li].stats.add(a.data<float>(), b.data<float>(), a.numel());
       });
       std::exception_ptr ref_err;
@@ -382,7 +402,8 @@ CompareResult compare_models(const ir::Model& ref, const ir::Model& cand, const 
       LayerResult& l = layer_stats[i];
       l.order = layer_order[i];
       if (layer_bad[i] == 1) continue;
-      if (layer_bad[i] == 2 || l.stats.count() == 0) {
+      pl.masked += l.masked;
+      if (layer_bad[i] == 2 || (l.stats.count() == 0 && l.masked == 0)) {
         if (!l.graph_input) pl.unmatched.push_back(l.name);
         continue;
       }

@@ -95,6 +95,41 @@ std::vector<std::pair<std::string, int>> candidate_origins(const ir::Value& v) {
   return out;
 }
 
+std::unordered_map<std::string, double> mask_thresholds(const ir::Model& ref) {
+  constexpr double kFill = 1e4;
+  static const std::unordered_set<std::string> carriers = {
+      "Where", "Mul", "Sub", "Add", "Neg", "Min", "Max", "Cast", "Expand", "Unsqueeze", "Squeeze", "Reshape",
+      "Flatten", "Slice", "Transpose", "Concat", "Tile", "Identity", "Gather"};
+  const ir::Graph& g = *ref.graph;
+  std::unordered_map<const ir::Value*, double> fill;  // value -> largest fill magnitude reaching it
+  auto big_constant = [](const ir::Value* v) -> double {
+    const Tensor* t = nullptr;
+    if (v->is_constant()) t = &v->initializer();
+    else if (v->producer() && v->producer()->op_type == "Constant") t = v->producer()->attr_tensor("value");
+    if (!t || !t->is_host() || !dtype_is_float(t->dtype()) || t->numel() > 4096) return 0.0;
+    double m = 0.0;
+    for (int64_t i = 0; i < t->numel(); ++i) m = std::max(m, std::fabs(t->get_double(i)));
+    return m >= kFill ? m : 0.0;
+  };
+  std::unordered_map<std::string, double> out;
+  for (const ir::Node* n : topo_nodes(g)) {
+    if (!n->domain.empty() || !carriers.count(n->op_type)) continue;
+    double f = 0.0;
+    for (const ir::Value* in : n->inputs()) {
+      if (!in) continue;
+      if (auto it = fill.find(in); it != fill.end()) f = std::max(f, it->second);
+      else f = std::max(f, big_constant(in));
+    }
+    if (!(f > 0.0)) continue;
+    for (const ir::Value* o : n->outputs()) {
+      if (!o) continue;
+      fill[o] = f;
+      out[o->name()] = 0.5 * std::min(f, 3.4e38);
+    }
+  }
+  return out;
+}
+
 LayerMatching match_layers(const ir::Model& ref, const ir::Model& cand) {
   const ir::Graph& rg = *ref.graph;
   const ir::Graph& cg = *cand.graph;
@@ -113,12 +148,14 @@ LayerMatching match_layers(const ir::Model& ref, const ir::Model& cand) {
   }
 
   LayerMatching m;
+  const auto masks = mask_thresholds(ref);
   std::unordered_set<const ir::Value*> used;
   auto try_match = [&](const ir::Value* r) {
     if (!comparable(r) || declared_non_float(r) || m.by_ref.count(r->name())) return;
     LayerMatch lm;
     lm.ref_name = r->name();
     lm.ref_node = r->producer();
+    if (auto it = masks.find(r->name()); it != masks.end()) lm.mask_threshold = it->second;
     const ir::Value* c = cg.find(r->name());
     if (c && comparable(c) && !declared_non_float(c) && !used.count(c)) {
       lm.cand_name = c->name();

@@ -27,6 +27,9 @@ namespace mpq::validate {
 
 struct LayerMatch {
   std::string ref_name;
+  // Elements whose reference magnitude reaches this are attention-mask fill values (see
+  // mask_thresholds) and are left out of the statistics; +inf for ordinary tensors.
+  double mask_threshold = std::numeric_limits<double>::infinity();
   std::string cand_name;
   const ir::Node* ref_node = nullptr;  // producer in the reference (nullptr for graph inputs)
   bool exact = true;                   // same name in both models
@@ -39,6 +42,15 @@ struct LayerMatching {
   std::unordered_map<std::string, size_t> by_cand;      // candidate tensor -> matches index
   std::vector<std::string> unmatched;                   // reference node outputs with no counterpart
 };
+
+// Tensors that carry an additive attention mask: reached from a float constant holding a value of
+// magnitude >= 1e4 (-3.4e38 = float32 min, -1e9, -10000: the fill values exporters use) through
+// element-wise and data-movement ops only (Where, Mul, Sub, Add, Cast, Expand, Reshape, ...), up to
+// the Softmax that consumes them. In those tensors an element at or beyond half the fill value's
+// magnitude is the mask, not signal: it is identical in both models and would dominate sum(r^2),
+// giving an SNR of several hundred dB that says nothing, and an upstream figure that hides the
+// error the scores carry. Name -> threshold.
+std::unordered_map<std::string, double> mask_thresholds(const ir::Model& ref);
 
 // Match the top-level tensors (graph inputs and node outputs; Constant nodes skipped) of two models.
 LayerMatching match_layers(const ir::Model& ref, const ir::Model& cand);
@@ -56,6 +68,7 @@ struct LayerResult {
   int64_t order = 0;      // position in the reference's execution
   bool graph_input = false;
   ErrorStats stats;
+  int64_t masked = 0;  // mask fill elements left out of stats (mask_thresholds)
   // Filled by rank_layers:
   double snr_db = 0;           // stats.snr_db()
   double upstream_snr_db = 0;  // worst SNR among the nearest compared tensors this layer reads (+inf: exact inputs)
@@ -74,6 +87,7 @@ struct PerLayerResult {
   double jump_db = 10.0;
   std::vector<std::string> unmatched;  // reference tensors with no candidate counterpart
   int64_t peak_window_bytes = 0;       // most reference activation bytes held at once
+  int64_t masked = 0;                  // attention-mask fill elements left out, over all layers
 };
 
 // Computes snr/upstream/drop/local for every layer, the ranking and the first jump. `inputs` holds

@@ -125,6 +125,7 @@ nlohmann::json report_to_json(const ValidateReport& rep) {
     p["jump_db"] = pl.jump_db;
     p["compared"] = pl.layers.size();
     p["peak_window_bytes"] = pl.peak_window_bytes;
+    p["masked_values"] = pl.masked;
     std::vector<int> rank_of(pl.layers.size(), 0);
     for (size_t k = 0; k < pl.ranking.size(); ++k) rank_of[pl.ranking[k]] = static_cast<int>(k) + 1;
     p["first_jump"] = pl.first_jump ? layer_json(pl.layers[*pl.first_jump], rank_of[*pl.first_jump]) : nlohmann::json(nullptr);
