@@ -9,7 +9,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   libonnx-dev libprotobuf-dev protobuf-compiler
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-  libopenblas-dev libstb-dev
+  libopenblas-dev libstb-dev libdnnl-dev
   libonnx-testdata dataset-fashion-mnist
 )
 

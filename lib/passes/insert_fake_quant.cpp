@@ -111,6 +111,21 @@ FakeQuantReport insert_fake_quant(ir::Model& model, const calib::CalibrationTabl
       ++out.report.int32_biases;
     }
   }
+  // Embedding tables: the export stores them int8 per row (quantize_embeddings.h), so training sees
+  // that rounding, with a learned step size per row that the export then uses.
+  for (const EmbeddingTable& e : plan.embeddings) {
+    const Tensor& t = e.table->initializer();
+    const std::vector<float> scales = weight_channel_scales(t, 0, 127);
+    Value* s = g.add_initializer(g.unique_name(e.table->name() + ".qat_scale"),
+                                 Tensor::from<float>({static_cast<int64_t>(scales.size())}, scales));
+    Value* fq = g.add_value(g.unique_name(e.table->name() + "_fq"));
+    add_fake_quant(g, e.table, s, nullptr, fq, -127, 127, 0);
+    for (Node* gather : e.gathers) g.set_node_input(gather, 0, fq);
+    out.weight_scales.push_back(s->name());
+    out.weights.push_back(e.table->name());
+    ++out.nodes;
+    ++out.report.embedding_tables;
+  }
   g.topological_sort();
   return out;
 }

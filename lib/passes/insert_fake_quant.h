@@ -8,6 +8,8 @@
 //     shared by every tensor of a scale group; graph outputs produced by Conv/Gemm/MatMul too;
 //   - weights: a FakeQuant between the float weight and its Conv/ConvTranspose/Gemm/MatMul, per
 //     output channel or per tensor, symmetric in [-qmax, qmax];
+//   - embedding tables read through Gather: per-row FakeQuant in [-127, 127] (the export stores them
+//     int8 per row, quantize_embeddings.h), with learned per-row step sizes the export uses;
 //   - biases: the export stores them as int32 at input scale x weight scale, so training sees that
 //     rounding too (mpq::FakeQuantBias, an identity gradient); with the learned scales the trained
 //     model and its export then compute the same values in mpq, bit for bit.

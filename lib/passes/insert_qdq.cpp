@@ -243,7 +243,7 @@ QdqReport insert_qdq(ir::Model& model, const calib::CalibrationTable& table, con
   }
 
   rep.embedding_tables = static_cast<int>(plan.embeddings.size());
-  rep.embedding_bytes_saved = quantize_embedding_tables(g, plan.embeddings);
+  rep.embedding_bytes_saved = quantize_embedding_tables(g, plan.embeddings, &o.weight_scales);
 
   g.topological_sort();
   g.remove_dead_nodes();  // Constant nodes whose weights were replaced

@@ -38,7 +38,8 @@ std::vector<EmbeddingTable> find_embedding_tables(const ir::Graph& g, int64_t mi
   return out;
 }
 
-int64_t quantize_embedding_tables(ir::Graph& g, const std::vector<EmbeddingTable>& tables) {
+int64_t quantize_embedding_tables(ir::Graph& g, const std::vector<EmbeddingTable>& tables,
+                                  const std::map<std::string, std::vector<float>>* learned) {
   int64_t saved = 0;
   for (const EmbeddingTable& e : tables) {
     const Tensor& t = e.table->initializer();
@@ -49,11 +50,18 @@ int64_t quantize_embedding_tables(ir::Graph& g, const std::vector<EmbeddingTable
     const float* src = t.data<float>();
     int8_t* dst = q.data<int8_t>();
     float* s = scales.data<float>();
+    const std::vector<float>* given = nullptr;
+    if (learned) {
+      auto it = learned->find(e.table->name());
+      if (it != learned->end()) given = &it->second;
+    }
+    if (given && static_cast<int64_t>(given->size()) != rows)
+      fail_input("embedding table '{}': {} learned row scales for {} rows", e.table->name(), given->size(), rows);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = src + r * cols;
       float amax = 0.0f;
       for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(row[c]));
-      s[r] = calib::safe_scale(amax, 127);
+      s[r] = given ? (*given)[static_cast<size_t>(r)] : calib::safe_scale(amax, 127);
       for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<int8_t>(calib::quantize_ref(row[c], s[r], 0, -127, 127));
     }
     const std::string base = e.table->name();

@@ -8,6 +8,7 @@
 // embeddings are half of a small encoder's weights (all-MiniLM-L6-v2: 30522 x 384 of 22.6M), so an
 // INT8 encoder file is near 25% of FP32 only with them.
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,7 +32,9 @@ std::vector<EmbeddingTable> find_embedding_tables(const ir::Graph& graph, int64_
 // Default size above which a Gather table counts as an embedding (16 KiB of float32).
 inline constexpr int64_t kEmbeddingMinElements = 4096;
 
-// Rewrites each table as int8 rows + per-row scales (see above); returns the bytes saved.
-int64_t quantize_embedding_tables(ir::Graph& graph, const std::vector<EmbeddingTable>& tables);
+// Rewrites each table as int8 rows + per-row scales (see above); returns the bytes saved. Scales
+// given in `learned` (by table name, one per row: QAT's) replace the amax / 127 ones.
+int64_t quantize_embedding_tables(ir::Graph& graph, const std::vector<EmbeddingTable>& tables,
+                                  const std::map<std::string, std::vector<float>>* learned = nullptr);
 
 }  // namespace mpq::passes

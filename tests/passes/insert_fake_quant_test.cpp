@@ -60,7 +60,7 @@ std::pair<std::multiset<std::string>, std::set<std::string>> quantized_names(con
 }  // namespace
 
 TEST_CASE("FakeQuant goes exactly where Q/DQ goes, with the same initial scales", "[qat][placement]") {
-  for (const std::string stem : {"resnet_bn_op13", "mobilenetv3_op17", "transformer_op13", "unet_op13"}) {
+  for (const std::string stem : {"resnet_bn_op13", "mobilenetv3_op17", "transformer_op13", "unet_op13", "tiny_bert"}) {
     for (int bits : {8, 4}) {
       INFO(stem << " weight bits " << bits);
       Prepared p = prepare(stem);
@@ -74,7 +74,8 @@ TEST_CASE("FakeQuant goes exactly where Q/DQ goes, with the same initial scales"
       const auto [qdq_acts, qdq_weights] = quantized_names(qdq);
       const auto [fq_acts, fq_weights] = quantized_names(fq);
       CHECK(fq_acts == qdq_acts);
-      CHECK(static_cast<int>(fq_weights.size()) == rep.report.weight_tensors);
+      CHECK(static_cast<int>(fq_weights.size()) == rep.report.weight_tensors + rep.report.embedding_tables);
+      if (stem == "tiny_bert") CHECK(rep.report.embedding_tables > 0);
       int weight_dq = 0;
       for (const auto& n : qdq.graph->nodes())
         if (n->op_type == "DequantizeLinear" && n->input(0)->has_initializer() &&
@@ -103,11 +104,16 @@ TEST_CASE("FakeQuant goes exactly where Q/DQ goes, with the same initial scales"
         CHECK(test::max_abs_diff(x[0], y[0]) == 0.0);
       }
       if (bits == 4) {
-        for (const auto& init : back.graph->initializers()) {
-          const Tensor& t = init->initializer();
+        // 4-bit weights sit behind DequantizeLinear; embedding tables (read by Gather) stay int8 per row.
+        int four_bit = 0;
+        for (const auto& n : back.graph->nodes()) {
+          if (n->op_type != "DequantizeLinear" || !n->input(0)->has_initializer()) continue;
+          const Tensor& t = n->input(0)->initializer();
           if (t.dtype() != DType::Int8 || t.rank() < 2) continue;
+          ++four_bit;
           for (int64_t i = 0; i < t.numel(); ++i) REQUIRE(std::abs(t.data<int8_t>()[i]) <= 7);
         }
+        CHECK(four_bit > 0);
       }
     }
   }
