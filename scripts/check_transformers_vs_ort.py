@@ -7,7 +7,8 @@
 The BERT-style test encoder (scripts/make_tiny_bert.py: attention mask of float32 lowest, int64
 inputs, word and position embedding Gathers, outlier channels) goes through every encoder path of
 mpq: `quantize` with no flags (dynamic, per token), `--granularity tensor`, with `--data` (dynamic +
-SmoothQuant), `--mode static` (uint8 + SmoothQuant), `--mode static --activation-type int8
+SmoothQuant), `--mode static` (uint8 + SmoothQuant; also with 7-bit weights, `--reduce-range`, which
+ORT's fused kernels need on x86 CPUs without VNNI), `--mode static --activation-type int8
 --no-smooth-quant`, and `convert --fp16`. Each output must
   - pass onnx.checker (full check) and load in ONNX Runtime, with graph optimizations off (the graph
     as written) and at ORT's default level (its fusions, e.g. DynamicQuantizeMatMul);
@@ -44,10 +45,24 @@ VARIANTS = [
     ("dynamic-tensor", ["quantize", "--granularity", "tensor"], 0.99, 1e-2),
     ("dynamic-smooth", ["quantize", "--data", "{calib}"], 0.9999, 1e-2),
     ("static-uint8-smooth", ["quantize", "--mode", "static", "--data", "{calib}"], 0.9999, 1e-2),
+    ("static-uint8-7bit", ["quantize", "--mode", "static", "--data", "{calib}", "--reduce-range"], 0.9995, 1e-2),
     ("static-int8", ["quantize", "--mode", "static", "--data", "{calib}", "--activation-type", "int8",
                      "--no-smooth-quant"], 0.99, 1e-2),
     ("fp16", ["convert", "--fp16"], 0.9999, 2e-3),
 ]
+
+
+def cpu_has_vnni():
+    """ONNX Runtime's fused x86 kernels for uint8 activations x int8 weights (QLinearMatMul,
+    MatMulIntegerToFloat) add pairs of products in int16 with saturation (vpmaddubsw) unless the CPU
+    has VNNI: full-range 8-bit weights then lose accuracy in ORT's optimized graph on such CPUs, a
+    limitation of ORT's kernels (its docs recommend reduce_range there), not of the model."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return True
+    return any(k in flags for k in ("avx512_vnni", "avx_vnni", "amx_int8")) or "avx2" not in flags
 
 
 def feeds(data_dir):
@@ -81,6 +96,8 @@ def main():
     ref_out = {fid: ref.run(["embedding"], f)[0] for fid, f in data}
     fp32_size = os.path.getsize(args.model)
     failures = 0
+    vnni = cpu_has_vnni()
+    print(f"CPU {'with' if vnni else 'without'} VNNI")
     with tempfile.TemporaryDirectory() as tmp:
         for label, cmd, floor, limit in VARIANTS:
             out = os.path.join(tmp, f"{label}.onnx")
@@ -121,8 +138,15 @@ def main():
             mean_written, mean_fused = float(np.mean(cos_written)), float(np.mean(cos_fused))
             if worst_rel > limit:
                 problems.append(f"mpq vs ORT (graph as written) rel-L2 {worst_rel:.2e} > {limit}")
-            if mean_written < floor or mean_fused < floor:
+            # Static uint8 with full-range int8 weights on an x86 CPU without VNNI: ORT's fused
+            # kernels saturate (cpu_has_vnni), so only its graph-as-written run is held to the floor
+            # there; the 7-bit variant is held to it in both runs on every CPU.
+            saturating = label == "static-uint8-smooth" and not vnni
+            if mean_written < floor or (mean_fused < floor and not saturating):
                 problems.append(f"mean cosine vs FP32 {mean_written:.6f} / {mean_fused:.6f} below {floor}")
+            if saturating and mean_fused < floor:
+                print(f"NOTE {label}: ORT's optimized graph {mean_fused:.6f} < {floor} on this CPU without VNNI "
+                      "(ORT's uint8 x int8 kernels saturate; see static-uint8-7bit)")
             size = 100.0 * os.path.getsize(out) / fp32_size
             status = "OK  " if not problems else "FAIL"
             failures += bool(problems)

@@ -348,8 +348,9 @@ int quantize_dynamic_command(const QuantizeOpts& o, ir::Model& model, const Choi
   model.set_metadata("mpq.version", MPQ_VERSION);
   model.set_metadata("mpq.command", command_line());
   model.set_metadata("mpq.quantization.mode", "dynamic");
-  model.set_metadata("mpq.quantization.weights", fmt::format("int8 symmetric {} in [-{}, {}]",
-                                                             dq.per_channel ? "per-channel" : "per-tensor", qmax, qmax));
+  model.set_metadata("mpq.quantization.weights",
+                     fmt::format("int8 symmetric {} in [-{}, {}], stored as uint8 with zero point 128",
+                                 dq.per_channel ? "per-channel" : "per-tensor", qmax, qmax));
   model.set_metadata("mpq.quantization.activations",
                      fmt::format("uint8 asymmetric per {}, computed at run time", o.granularity));
   model.set_metadata("mpq.quantization.embeddings", rep.embedding_tables ? "int8 per row" : "float");

@@ -41,7 +41,7 @@ std::string version_text() {
 int main(int argc, char** argv) {
   using namespace mpq;
   cli::set_command_line(argc, argv);
-  CLI::App app{"mpq: convert, quantize and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
+  CLI::App app{"mpq: convert, quantize, fine-tune (QAT) and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};
   app.set_version_flag("--version", [] { return cli::version_text(); });
   std::string log_level = "info";

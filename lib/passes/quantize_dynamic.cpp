@@ -33,9 +33,9 @@ using ir::Value;
 
 // A weight in MatMulInteger's layout [K, N], quantized along N.
 struct QuantWeight {
-  Value* values = nullptr;   // int8 [K, N]
+  Value* values = nullptr;   // uint8 [K, N]: the int8 values + 128 (zero point 128)
   Value* scales = nullptr;   // float [N] or scalar
-  Value* colsum = nullptr;   // float [N]: sum over K of the int8 values (per-token form only)
+  Value* colsum = nullptr;   // float [N]: sum over K of the signed int8 values (per-token form only)
 };
 
 // The run-time quantizer of one activation, shared by every anchor that reads it.
@@ -86,6 +86,8 @@ class DynamicQuantizer {
   std::unordered_map<const Value*, QuantActivation> activations_;
   std::map<std::string, Value*> scalars_;
   int next_id_ = 0;
+  Value* weight_zp_ = nullptr;      // shared uint8 scalar 128
+  Value* activation_zp_ = nullptr;  // shared uint8 scalar 0 (per-token form)
 
   void skip(const Node* n, std::string why) { rep_.skipped.emplace_back(n->label(), std::move(why)); }
 
@@ -135,7 +137,15 @@ class DynamicQuantizer {
     QuantizedWeight qw = quantize_weight(wt, o_.per_channel ? 1 : -1, qmax);
     QuantWeight out;
     const std::string base = w->name() + (transposed ? "_t" : "");
-    out.values = g_.add_initializer(g_.unique_name(base + "_int8"), qw.values);
+    // Stored as uint8 = q + 128 with zero point 128: ONNX Runtime's x86 kernels for uint8 x int8
+    // (vpmaddubsw) saturate their int16 pair sums on CPUs without VNNI (AVX2-only machines gave
+    // cosine 0.64 on the test encoder), while uint8 x uint8 widens first and is exact everywhere.
+    // Same values, same size; mpq computes both forms exactly.
+    Tensor shifted(DType::UInt8, qw.values.shape());
+    const int8_t* signed_q = qw.values.data<int8_t>();
+    uint8_t* shifted_q = shifted.data<uint8_t>();
+    for (int64_t i = 0; i < shifted.numel(); ++i) shifted_q[i] = static_cast<uint8_t>(signed_q[i] + 128);
+    out.values = g_.add_initializer(g_.unique_name(base + "_uint8"), shifted);
     out.scales = g_.add_initializer(g_.unique_name(base + "_scale"), qw.scales);
     if (o_.granularity == DynamicQuantOptions::Granularity::Token) {
       const int64_t k = wt.dim(0), n = wt.dim(1);
@@ -150,6 +160,18 @@ class DynamicQuantizer {
     }
     ++rep_.weight_tensors;
     return weights_.emplace(key, out).first->second;
+  }
+
+  Value* weight_zero_point() {
+    if (!weight_zp_)
+      weight_zp_ = g_.add_initializer(g_.unique_name("dyn_weight_zero_point"), Tensor::from<uint8_t>({}, {uint8_t{128}}));
+    return weight_zp_;
+  }
+  // Per token the row minimum is added back explicitly, so the uint8 values have zero point 0.
+  Value* activation_zero_point() {
+    if (!activation_zp_)
+      activation_zp_ = g_.add_initializer(g_.unique_name("dyn_token_zero_point"), Tensor::from<uint8_t>({}, {uint8_t{0}}));
+    return activation_zp_;
   }
 
   const QuantActivation& activation(Value* x) {
@@ -216,13 +238,13 @@ class DynamicQuantizer {
     Value* accf = fresh(stem + "_accf");
     Value* y = bias ? fresh(stem + "_y") : out;
     if (o_.granularity == DynamicQuantOptions::Granularity::Tensor) {
-      g_.add_node("MatMulInteger", {qa.q, qw.values, qa.offset}, {acc});
+      g_.add_node("MatMulInteger", {qa.q, qw.values, qa.offset, weight_zero_point()}, {acc});
       cast(acc, accf, DType::Float32);
       Value* scale = fresh(stem + "_scale");
       g_.add_node("Mul", {qa.scale, qw.scales}, {scale});
       g_.add_node("Mul", {accf, scale}, {y});
     } else {
-      g_.add_node("MatMulInteger", {qa.q, qw.values}, {acc});
+      g_.add_node("MatMulInteger", {qa.q, qw.values, activation_zero_point(), weight_zero_point()}, {acc});
       cast(acc, accf, DType::Float32);
       Value* scaled = fresh(stem + "_scaled");
       g_.add_node("Mul", {accf, qa.scale}, {scaled});

@@ -1,5 +1,6 @@
 #pragma once
-// Dynamic quantization (`mpq quantize --mode dynamic`): int8 weights per output channel, activation
+// Dynamic quantization (`mpq quantize --mode dynamic`): int8 weights per output channel (stored as
+// uint8 + 128 with zero point 128, exact in ONNX Runtime on x86 CPUs without VNNI), activation
 // ranges computed by the model itself on every run, so no calibration data is needed. The way
 // encoders (BERT, MiniLM, sentence embedders) are usually quantized: their activation ranges
 // vary from sentence to sentence and token to token, which a calibrated per-tensor range fits badly.

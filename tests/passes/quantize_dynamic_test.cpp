@@ -102,18 +102,20 @@ TEST_CASE("dynamic per-token quantization of a trained encoder: structure, accur
   CHECK(test::count_ops(m, "MatMulInteger") == 13);
   CHECK(test::count_ops(m, "DynamicQuantizeLinear") == 0);
   CHECK(rep.activations == 13);
-  CHECK(float32_weight_values(m) == 0);  // every large weight is int8 now
+  CHECK(float32_weight_values(m) == 0);  // every large weight is 8-bit now
   CHECK(m.graph->outputs().size() == 2);
   CHECK(m.graph->outputs()[0]->name() == "embedding");
   auto [mean, lowest] = embedding_cosines(ref, m);
   INFO("mean " << mean << " lowest " << lowest);
   CHECK(mean >= 0.998);
   CHECK(lowest >= 0.99);
-  // Same result at one and at two threads, bit for bit.
+  // The same at one and at two threads: inference lets OpenBLAS and the kernels split float work
+  // by thread count, which moves last bits on some CPUs (seen on an AVX2 EPYC), and a run-time
+  // quantizer may round such a difference either way; nothing more than that.
   auto one = embedding_cosines(ref, m, 1);
   auto two = embedding_cosines(ref, m, 2);
-  CHECK(one.first == two.first);
-  CHECK(one.second == two.second);
+  CHECK(std::abs(one.first - two.first) < 1e-7);
+  CHECK(std::abs(one.second - two.second) < 1e-6);
 }
 
 TEST_CASE("dynamic per-tensor quantization writes ONNX Runtime's DynamicQuantizeLinear form", "[dynamic][models]") {
@@ -126,9 +128,19 @@ TEST_CASE("dynamic per-tensor quantization writes ONNX Runtime's DynamicQuantize
   CHECK(test::count_ops(m, "DynamicQuantizeLinear") == rep.activations);
   CHECK(test::count_ops(m, "MatMulInteger") == 13);
   CHECK(test::count_ops(m, "ReduceMin") == 0);
-  // Every MatMulInteger reads its activation's zero point, as quantize_dynamic writes it.
-  for (const auto& n : m.graph->nodes())
-    if (n->op_type == "MatMulInteger") CHECK(n->num_inputs() == 3);
+  // Every MatMulInteger reads its activation's zero point, as DynamicQuantizeLinear writes it, and
+  // the weights' uint8 zero point 128 (uint8 x uint8: exact in ONNX Runtime on every x86 CPU).
+  for (const auto& n : m.graph->nodes()) {
+    if (n->op_type != "MatMulInteger") continue;
+    REQUIRE(n->num_inputs() == 4);
+    CHECK(n->input(2)->producer() != nullptr);
+    CHECK(n->input(2)->producer()->op_type == "DynamicQuantizeLinear");
+    CHECK(n->input(1)->initializer().dtype() == DType::UInt8);
+    const Tensor& zp = n->input(3)->initializer();
+    CHECK(zp.dtype() == DType::UInt8);
+    CHECK(zp.numel() == 1);
+    CHECK(zp.data<uint8_t>()[0] == 128);
+  }
   auto [mean, lowest] = embedding_cosines(ref, m);
   INFO("mean " << mean << " lowest " << lowest);
   CHECK(mean >= 0.99);
