@@ -72,10 +72,10 @@ using dt = memory::data_type;
 // Everything DnnlConvShape holds, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
-                       float>;
-Key key_of(const DnnlConvShape& s) {
-  return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw,
-          s.pt, s.pl, s.pb, s.pr,    s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1};
+                       float, int>;
+Key key_of(const DnnlConvShape& s, int threads) {
+  return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
+          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads};
 }
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -166,8 +166,8 @@ constexpr size_t kMaxPlans = 256;
 
 class PlanCache {
  public:
-  std::shared_ptr<Plan> get(const DnnlConvShape& s) {
-    const Key k = key_of(s);
+  std::shared_ptr<Plan> get(const DnnlConvShape& s, int threads) {
+    const Key k = key_of(s, threads);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(k);
@@ -237,15 +237,32 @@ bool mpq_is_faster(const DnnlConvShape& s) {
   return macs < kMinDenseMacs;
 }
 
+// Every OpenMP parallel region costs a wake-up of the other threads: measured about 15 us each on
+// the 2-core machine (with OMP_WAIT_POLICY=PASSIVE, see apps/mpq/main.cpp), and a convolution here is
+// four regions (three reorders and the convolution). A second thread pays only from a few million
+// multiply-adds on (tests/bench_conv: 8x16x28x28 3x3 860 -> 650 us on two threads, while every
+// convolution of the MobileNets at batch 1 took 60-70 us longer than on one), so smaller ones run
+// on the calling thread alone. The result is the same either way (direct kernels, see header).
+constexpr double kMacsPerThread = 4e6;
+
+int team_size(const DnnlConvShape& s, int threads) {
+  const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
+                      static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
+  return static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, static_cast<double>(std::max(threads, 1))));
+}
+
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y) {
   if (!onednn_enabled()) return false;
   if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
     return false;
-  std::shared_ptr<Plan> p = cache().get(s);
+  // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
+  // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
+  // so it is set first and is part of the cache key.
+  const int team = team_size(s, pool.size());
+  if (omp_get_max_threads() != team) omp_set_num_threads(team);
+  std::shared_ptr<Plan> p = cache().get(s, team);
   if (!p->direct) return false;
-  // oneDNN runs on OpenMP; its team size is the calling thread's setting.
-  if (omp_get_max_threads() != pool.size()) omp_set_num_threads(pool.size());
   thread_local Scratch s_src, s_wei, s_dst;
   thread_local dnnl::stream stream(engine());
   dnnl::engine& eng = engine();
