@@ -43,24 +43,30 @@ std::string version_text() {
 
 namespace {
 
-// oneDNN's threads are OpenMP's (libgomp), which by default spin for a while after each parallel
-// region. With mpq's own kernel pool and OpenBLAS's threads beside them, a spinning thread takes
-// the core another one needs: on the 2-core CI machine `mpq run --threads 2` went from 0.7 ms to a
-// 9 ms median (200 ms p90) on fashion_resnet with the default, and 0.72 ms (0.94 ms p90) with
-// OMP_WAIT_POLICY=PASSIVE, under which idle threads sleep like mpq's pool does. libgomp reads the
-// variable once, when it is loaded (before main), so mpq sets it and runs itself again; a value
-// the user set is kept.
-void passive_openmp_threads(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the default
+// Idle threads of the three thread sets a run uses (mpq's kernel pool, oneDNN's OpenMP team,
+// OpenBLAS's pthreads) must sleep, not spin: on a 2-core machine a spinning one takes the core the
+// others need. mpq's pool waits on a condition variable; libgomp by default spins after each
+// parallel region and OpenBLAS spins (sched_yield) for 2^28 cycles after each threaded GEMM, which
+// with a GEMM in every run means never sleeping (perf: half the cycles of `mpq run --threads 2` on
+// fashion_mobilenet were sched_yield). Measured on fashion_resnet, 2 threads, loaded 2-core VM:
+// median 9 ms / p90 200 ms with libgomp's default, 0.72 / 0.94 ms with OMP_WAIT_POLICY=PASSIVE; p90
+// 3.2 -> 0.6 ms with OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles). Both libraries read these variables
+// once, when they are loaded (before main), so mpq sets them and runs itself again; values the
+// user set are kept.
+void sleeping_idle_threads(char** argv) {
+  if (std::getenv("MPQ_THREAD_ENV_SET") != nullptr) return;  // already re-run
+  bool changed = false;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) changed |= setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0;
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) changed |= setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0;
+  if (!changed || setenv("MPQ_THREAD_ENV_SET", "1", 1) != 0) return;
+  execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the defaults
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace mpq;
-  passive_openmp_threads(argv);
+  sleeping_idle_threads(argv);
   cli::set_command_line(argc, argv);
   CLI::App app{"mpq: convert, quantize and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};
