@@ -223,7 +223,8 @@ struct Scratch {
 //     with no reorder: 1.1-3.9x faster than oneDNN on these shapes (0.9x on one);
 //   * other dense convolutions under kMinDenseMacs multiply-adds stay with mpq (1x1 stride-2
 //     shortcuts and the ViT's patch embedding at batch 1: oneDNN 1.2-1.8x slower);
-//   * depthwise ones always go to oneDNN (its kernel is 1.0-6x faster down to 4x4 maps).
+//   * depthwise ones always go to oneDNN (0.2-0.8x mpq's time; 1.2x on the smallest, 16 channels
+//     at 8x8 output, batch 1: 15 vs 12 us, kept for one simple rule).
 constexpr double kMinDenseMacs = 200e3;
 
 bool mpq_is_faster(const DnnlConvShape& s) {
