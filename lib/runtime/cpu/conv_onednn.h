@@ -30,12 +30,14 @@ struct DnnlConvShape {
 };
 
 // Whether oneDNN is compiled in and not switched off (MPQ_ONEDNN=0 in the environment runs mpq's
-// own kernels everywhere, for comparisons).
+// own kernels everywhere, for comparisons). Training (inside a DeterministicBlas scope) uses it only
+// with MPQ_ONEDNN=all (see conv_onednn.cpp for why).
 bool onednn_enabled();
 bool onednn_available();  // compiled in
 
 // Which convolutions oneDNN runs: none, those it is measured faster on (the default), or every one
-// it has a direct kernel for (tests, to reach odd shapes; bench_conv, to measure).
+// it has a direct kernel for, on every thread of the pool however small (tests, to reach odd shapes
+// and really compare thread counts; bench_conv, to measure).
 enum class OnednnUse { Off, Auto, Always };
 
 // Sets the choice for the whole process while alive.
@@ -64,5 +66,12 @@ uint64_t onednn_conv_count();
 // output in one fixed order.
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y);
+
+// dX of the convolution `s` describes (bias, residual and activation ignored) from dY [N, M, OH, OW]
+// and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; same choice of
+// shapes and threads as the forward, false (computing nothing) where mpq's kernels run it. Each dX
+// element is summed by one thread in a fixed order, so it is the same bits at any thread count
+// (tests/train/conv_grad_test); the weight gradient stays mpq's (oneDNN's sums per-thread partials).
+bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx);
 
 }  // namespace mpq::rt::cpu
