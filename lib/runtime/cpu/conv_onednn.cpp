@@ -53,6 +53,7 @@ bool onednn_enabled() {
   return from_env;
 }
 
+#if MPQ_HAVE_ONEDNN
 namespace {
 // Training (a DeterministicBlas scope) runs mpq's kernels unless MPQ_ONEDNN=all or OnednnUse::Always:
 // oneDNN's results are the same bits at any thread count, but they round differently from mpq's,
@@ -69,6 +70,7 @@ bool allowed_here() {
   return train;
 }
 }  // namespace
+#endif
 
 ScopedOnednn::ScopedOnednn(OnednnUse use) : previous_(g_override.exchange(static_cast<int>(use))) {}
 ScopedOnednn::~ScopedOnednn() { g_override.store(previous_); }
