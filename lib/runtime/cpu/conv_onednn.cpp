@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 
 #include "runtime/cpu/conv_common.h"
@@ -16,7 +15,6 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
@@ -91,7 +89,7 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-// Everything DnnlConvShape holds, as a hashable key.
+// Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
                        float, int, bool>;
@@ -114,7 +112,8 @@ dnnl::engine& engine() {
 
 // One convolution's primitives: the convolution on oneDNN's preferred layouts and the reorders
 // from and to the plain NCHW / OIHW tensors mpq holds. Primitives are immutable once created and
-// may be executed by several threads at once; the blocked buffers are per call.
+// may be executed by several threads at once; the blocked buffers and the convolution's scratch
+// memory are per thread.
 struct Plan {
   memory::desc user_src, user_wei, user_dst, user_bias;
   dnnl::convolution_forward::primitive_desc pd;
@@ -164,10 +163,12 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_src,
                                       any_wei, memory::desc(), any_dst, strides, dil, pl, pr),
       engine());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // as in make_plan
   p->bwd_pd = dnnl::convolution_backward_data::primitive_desc(
       dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst, strides, dil,
                                             pl, pr),
-      engine(), fwd);
+      attr, engine(), fwd);
   const std::string impl = p->bwd_pd.impl_info_str();
   p->direct = impl.rfind("jit", 0) == 0;
   if (!p->direct) return p;
@@ -195,6 +196,9 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->user_bias = s.bias ? memory::desc({s.m}, dt::f32, tag::x) : memory::desc();
   dnnl::primitive_attr attr;
   attr.set_post_ops(post_ops_of(s));
+  // Scratch memory comes from the caller (per thread), so that one plan may run on several threads
+  // at once whatever oneDNN's build options.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // tag::any lets oneDNN pick its blocked layouts, where its direct (jit) kernels run; on plain
   // NCHW it would fall back to im2col + GEMM, no faster than mpq's own.
   auto d = dnnl::convolution_forward::desc(
@@ -344,7 +348,10 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
       std::copy(z, z + s.n * s.m * s.oh * s.ow, y);
     }
   }
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  thread_local Scratch s_pad;
+  const memory::desc pad_desc = p->pd.scratchpad_desc();
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}};
   if (s.bias) args.emplace(DNNL_ARG_BIAS, memory(p->user_bias, eng, const_cast<float*>(bias)));
   p->conv.execute(stream, args);
   if (p->reorder_dst) p->dst_out.execute(stream, dst, udst);
@@ -372,7 +379,12 @@ bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const f
   memory ddx = p->reorder_dst ? memory(p->bwd_pd.diff_src_desc(), eng, s_dx.get(p->bwd_pd.diff_src_desc().get_size())) : udx;
   if (p->reorder_src) p->src_in.execute(stream, udy, ddy);
   if (p->reorder_wei) p->wei_in.execute(stream, uwei, wei);
-  p->bwd.execute(stream, {{DNNL_ARG_DIFF_DST, ddy}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, ddx}});
+  thread_local Scratch s_pad;
+  const memory::desc pad_desc = p->bwd_pd.scratchpad_desc();
+  p->bwd.execute(stream, {{DNNL_ARG_DIFF_DST, ddy},
+                          {DNNL_ARG_WEIGHTS, wei},
+                          {DNNL_ARG_DIFF_SRC, ddx},
+                          {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}});
   if (p->reorder_dst) p->dst_out.execute(stream, ddx, udx);
   stream.wait();
   g_conv_count.fetch_add(1, std::memory_order_relaxed);
