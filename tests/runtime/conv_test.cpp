@@ -1,5 +1,6 @@
 // Conv and ConvTranspose: the fast paths (im2col + GEMM, pointwise 1x1, direct depthwise, grouped,
-// dilated, strided, padded, auto_pad, 1-D and 3-D) against the scalar reference implementations,
+// dilated, strided, padded, auto_pad, 1-D and 3-D; mpq's own kernels and, where built in, oneDNN's,
+// each checked separately) against the scalar reference implementations,
 // on odd shapes with fixed seeds; the reference itself against hand-computed values and the
 // adjoint identity <conv(x), y> == <x, conv_transpose(y)>; malformed nodes rejected.
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/executor.h"
 #include "test_util.h"
@@ -65,6 +67,27 @@ WindowGeometry geometry_of(const Case& k) {
   return geo;
 }
 
+// Runs `run(threads)` with mpq's own kernels and then, where oneDNN is built in, with oneDNN; both
+// must match the reference, and where oneDNN ran, one thread and two must give the same bits (the
+// shapes oneDNN would run through its thread-dependent GEMM are left to mpq).
+template <typename F>
+void check_conv_both_ways(F run, const Tensor& want, int threads) {
+  {
+    INFO("mpq's kernels");
+    rt::cpu::ScopedOnednn off(rt::cpu::OnednnUse::Off);
+    check_close(run(threads), want);
+  }
+  if (rt::cpu::onednn_available()) {
+    INFO("oneDNN wherever it has a direct kernel (small shapes included)");
+    rt::cpu::ScopedOnednn on(rt::cpu::OnednnUse::Always);
+    const uint64_t before = rt::cpu::onednn_conv_count();
+    Tensor one = run(1), two = run(2);
+    check_close(two, want);
+    // (mpq's own path threads OpenBLAS for inference, which rounds by thread count.)
+    if (rt::cpu::onednn_conv_count() == before + 2) CHECK(test::max_abs_diff(one, two) == 0.0);
+  }
+}
+
 struct ConvCase {
   int64_t n, c, m, group;
   std::vector<int64_t> in, kernel, strides, dilations, pads;
@@ -90,9 +113,8 @@ void check_conv_case(const ConvCase& k, uint32_t seed, DType dtype = DType::Floa
   Attrs attrs = window_attrs(k);
   std::vector<Tensor> ins{x, w};
   if (k.bias) ins.push_back(b);
-  Tensor got = run_node("Conv", ins, attrs, 1, 17, threads)[0];
   Tensor want = rt::cpu::conv_ref(x, w, k.bias ? &b : nullptr, geometry_of(k));
-  check_close(got, want);
+  check_conv_both_ways([&](int t) { return run_node("Conv", ins, attrs, 1, 17, t)[0]; }, want, threads);
 }
 
 }  // namespace
@@ -473,6 +495,12 @@ TEST_CASE("FusedConv applies the residual and activation on every convolution st
       {1, 6, 4, 2, {7, 17}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true},
       {1, 3, 2, 1, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, true},
       {1, 2, 3, 1, {3, 4, 3, 3}, {2, 1, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}, false},
+      // Channel counts oneDNN's direct kernels take (multiples of its 8-float block): dense 3x3,
+      // strided 1x1, depthwise, 1-D.
+      {2, 8, 16, 1, {9, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true},
+      {1, 16, 8, 1, {7, 9}, {1, 1}, {2, 2}, {1, 1}, {0, 0, 0, 0}, false},
+      {2, 16, 16, 16, {9, 10}, {3, 3}, {2, 1}, {1, 1}, {1, 0, 1, 1}, true},
+      {1, 8, 8, 1, {19}, {3}, {1}, {2}, {2, 2}, true},
   };
   uint32_t seed = 1000;
   for (const ConvCase& k : convs)
@@ -490,9 +518,8 @@ TEST_CASE("FusedConv applies the residual and activation on every convolution st
         if (!params.empty()) attrs.push_back(ir::Attribute::make_floats("activation_params", params));
         std::vector<Tensor> ins{x, w, k.bias ? b : Tensor()};
         if (with_z) ins.push_back(z);
-        Tensor got = test::run_node("FusedConv", ins, attrs, 1, 17, 2, "mpq")[0];
         Tensor want = fused_conv_ref(x, w, k.bias ? &b : nullptr, with_z ? &z : nullptr, geo, act, params);
-        check_close(got, want);
+        check_conv_both_ways([&](int t) { return test::run_node("FusedConv", ins, attrs, 1, 17, t, "mpq")[0]; }, want, 2);
       }
 }
 
@@ -508,4 +535,26 @@ TEST_CASE("FusedConv rejects a bad activation, parameters or Z", "[conv][fused][
   CHECK_THROWS_WITH(run({ir::Attribute::make_string("activation", "Clip"), ir::Attribute::make_floats("activation_params", {1.0f})}, z_ok),
                     Catch::Contains("takes 2 activation_params"));
   CHECK_THROWS_WITH(run({}, test::random_tensor({1, 3, 5, 5}, 4)), Catch::Contains("Z is float32[1,3,5,5]"));
+}
+
+TEST_CASE("Conv on shapes oneDNN's direct kernels take: odd sizes, strides, dilations, pads, groups", "[conv][onednn]") {
+  // Channel counts that are multiples of 8 (and a few that are not, padded inside oneDNN), odd
+  // spatial sizes, asymmetric pads, depthwise with multiplier, the first layer of an image model.
+  uint32_t seed = 1300;
+  const uint64_t before = rt::cpu::onednn_conv_count();
+  check_conv_case({1, 3, 16, 1, {23, 17}, {7, 7}, {2, 2}, {1, 1}, {3, 3, 3, 3}, true}, seed++);
+  // oneDNN really ran (on one and on two threads) where it is built in.
+  CHECK(rt::cpu::onednn_conv_count() == before + (rt::cpu::onednn_available() ? 2 : 0));
+  check_conv_case({2, 8, 8, 1, {13, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({1, 16, 24, 1, {9, 7}, {3, 5}, {2, 1}, {2, 1}, {0, 2, 1, 1}, false}, seed++);
+  check_conv_case({3, 24, 16, 1, {5, 5}, {1, 1}, {}, {}, {}, true}, seed++);
+  check_conv_case({1, 32, 16, 1, {11, 11}, {1, 1}, {2, 2}, {}, {}, true}, seed++);
+  check_conv_case({2, 16, 16, 16, {13, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({1, 24, 24, 24, {15, 15}, {5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, false}, seed++);
+  check_conv_case({1, 8, 16, 8, {10, 10}, {3, 3}, {1, 1}, {2, 2}, {2, 1, 2, 3}, true}, seed++);
+  check_conv_case({2, 16, 32, 2, {7, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({1, 8, 16, 1, {31}, {5}, {2}, {1}, {2, 2}, true}, seed++);
+  check_conv_case({4, 64, 64, 1, {7, 7}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
+  check_conv_case({1, 5, 8, 1, {6, 6}, {3, 3}, {1, 1}, {1, 1}, {0, 0, 0, 0}, true}, seed++);
+  check_conv_case({1, 40, 40, 40, {1, 1}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true}, seed++);
 }

@@ -3,13 +3,15 @@
 // multiplier, strides, dilations, asymmetric and automatic padding, pointwise kernels, with and
 // without bias, ConvTranspose's output_padding and output_shape; shapes large enough to split the
 // images into several GEMM chunks and one image into row tiles; bit-identical gradients on 1 and 3
-// threads; weights given as constants get no gradient.
+// threads; weights given as constants get no gradient; dX through oneDNN's backward-data kernel
+// (forced on for every shape it takes) checked the same way.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "test_util.h"
 #include "train/grad_check.h"
 
@@ -218,4 +220,44 @@ TEST_CASE("Conv backward over four spatial dimensions is reported as unsupported
   REQUIRE_THROWS_WITH(test::node_gradients("Conv", inputs, {}, o),
                       Catch::Contains("node_under_test") && Catch::Contains("backward") &&
                           Catch::Contains("spatial dimensions"));
+}
+
+TEST_CASE("Conv dX through oneDNN: finite differences, and bit-identical on 1 and 3 threads", "[train][grad][onednn]") {
+  // Forced on (small shapes and training included) for shapes with its direct kernels: channel
+  // counts that are multiples of its 8-float block, strides, dilations, asymmetric pads, groups, 1-D.
+  rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);
+  const uint64_t before = rt::cpu::onednn_conv_count();
+  const std::vector<ConvCase> cases = {
+      {"8->16 3x3 pad 1", {2, 8, 9, 7}, {16, 8, 3, 3}, true, {Attribute::make_ints("pads", {1, 1, 1, 1})}},
+      {"16->8 stride 2, dilation 2, asymmetric pads",
+       {2, 16, 11, 9},
+       {8, 16, 3, 2},
+       false,
+       {Attribute::make_ints("strides", {2, 2}), Attribute::make_ints("dilations", {2, 1}),
+        Attribute::make_ints("pads", {1, 0, 2, 1})}},
+      {"groups 2", {1, 16, 7, 7}, {16, 8, 3, 3}, true,
+       {Attribute::make_int("group", 2), Attribute::make_ints("pads", {1, 1, 1, 1})}},
+      {"1-D", {2, 8, 13}, {8, 8, 5}, true, {Attribute::make_ints("pads", {2, 1})}},
+  };
+  uint32_t seed = 700;
+  for (const ConvCase& c : cases) {
+    test::GradCheckOptions o;
+    o.wrt = {0};
+    check_case("Conv", c, seed++, o);
+  }
+  const ConvCase big{"N=16 32->64 3x3 14x14", {16, 32, 14, 14}, {64, 32, 3, 3}, true,
+                     {Attribute::make_ints("pads", {1, 1, 1, 1})}};
+  std::vector<Tensor> inputs = {test::random_tensor(big.x, 11), test::random_tensor(big.w, 12),
+                                test::random_tensor({64}, 13)};
+  test::GradCheckOptions o;
+  o.threads = 1;
+  const std::vector<Tensor> one = test::node_gradients("Conv", inputs, big.attrs, o);
+  o.threads = 3;
+  const std::vector<Tensor> three = test::node_gradients("Conv", inputs, big.attrs, o);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    INFO("input " << i);
+    CHECK(test::max_abs_diff(one[i], three[i]) == 0.0);
+  }
+  // oneDNN really ran where it is built in (forward and backward data).
+  if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() > before + 8);
 }

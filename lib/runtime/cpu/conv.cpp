@@ -1,6 +1,8 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, strides, dilations, pads, auto_pad, bias).
 //
-// Conv picks one of three strategies:
+// Conv picks one of four strategies:
+//   * float32 1-D/2-D where oneDNN is built in: oneDNN's direct kernels, with the FusedConv
+//     epilogue as post-ops (conv_onednn.cpp);
 //   * depthwise (one input channel per group, float32, 1-D/2-D): direct kernel, conv_depthwise.cpp;
 //   * pointwise (1x1 kernel, stride 1, no padding): one GEMM per (image, group) straight on X;
 //   * otherwise im2col + GEMM per (image, group), in cache-sized tiles of output rows.
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cpu/register_all.h"
@@ -386,6 +389,45 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
   }
 }
 
+// The oneDNN description of a 1-D/2-D convolution (g in its rank-3 form, leading dimension 1).
+DnnlConvShape dnnl_shape(int64_t N, int64_t C, int64_t M, int64_t G, const Window3& g, bool bias, const Epilogue& e) {
+  DnnlConvShape s;
+  s.n = N;
+  s.c = C;
+  s.m = M;
+  s.group = G;
+  s.ih = g.in[1];
+  s.iw = g.in[2];
+  s.kh = g.k[1];
+  s.kw = g.k[2];
+  s.sh = g.s[1];
+  s.sw = g.s[2];
+  s.dh = g.d[1];
+  s.dw = g.d[2];
+  s.pt = g.pb[1];
+  s.pl = g.pb[2];
+  s.pb = g.pe[1];
+  s.pr = g.pe[2];
+  s.oh = g.out[1];
+  s.ow = g.out[2];
+  s.bias = bias;
+  s.residual = e.z != nullptr;
+  using A = Epilogue::Act;
+  switch (e.act) {
+    case A::None: s.act = DnnlAct::None; break;
+    case A::Relu: s.act = DnnlAct::Relu; break;
+    case A::LeakyRelu: s.act = DnnlAct::LeakyRelu; break;
+    case A::Clip: s.act = DnnlAct::Clip; break;
+    case A::Sigmoid: s.act = DnnlAct::Sigmoid; break;
+    case A::HardSigmoid: s.act = DnnlAct::HardSigmoid; break;
+    case A::Tanh: s.act = DnnlAct::Tanh; break;
+    case A::HardSwish: s.act = DnnlAct::HardSwish; break;
+  }
+  s.p0 = e.p0;
+  s.p1 = e.p1;
+  return s;
+}
+
 // Computes Y; returns whether the epilogue was applied on the way (otherwise the caller applies it).
 template <typename T>
 bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G, const Window& win,
@@ -402,6 +444,10 @@ bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
   if (N == 0 || M == 0 || S == 0) return true;
 
   if constexpr (std::is_same_v<T, float>) {
+    if (win.rank() <= 2 && Cg > 0) {
+      const DnnlConvShape ds = dnnl_shape(N, C, M, G, g, bp != nullptr, epi);
+      if (onednn_conv_forward(pool, ds, xp, wp, bp, static_cast<const float*>(epi.z), yp)) return true;
+    }
     if (Cg == 1 && G > 1 && win.rank() <= 2) {
       depthwise_conv2d(pool, xp, wp, bp, yp, N, C, Mg, g);
       return false;

@@ -13,16 +13,20 @@
 // zero-padded, stride-phase-split planes with one long copy per column row (see Grid), 3-D ones
 // with a plain im2col, and pointwise windows (1x1, stride 1, no padding) use the planes as they
 // are. Depthwise Conv (one input channel per group, 1-D/2-D) has its own direct kernel
-// (conv_grad_depthwise.cpp).
+// (conv_grad_depthwise.cpp). Float32 1-D/2-D dX goes to oneDNN's backward-data kernel where
+// runtime/cpu/conv_onednn.cpp takes the shape (each dX element summed by one thread in a fixed
+// order); dW always stays here, since oneDNN's weight gradient adds per-thread partial sums.
 //
 // Determinism: pieces and the slices that sum dW (each its own part, the parts added in order)
 // follow from the shapes alone; slices run side by side on the kernel pool with OpenBLAS on the
 // calling thread, so the gradients are bit-identical at any thread count.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "train/grads/conv_grad_internal.h"
 #include "train/grads/grad_util.h"
 #include "train/grads/register_all_grads.h"
@@ -376,6 +380,33 @@ Window3 full_correlation_window(const Window3& g) {
   return r;
 }
 
+// dX of a float32 1-D/2-D Conv through oneDNN's backward-data kernel, where it has a direct one and
+// is measured faster (runtime/cpu/conv_onednn.h; same bits at any thread count); false otherwise.
+bool onednn_dx(rt::ThreadPool& pool, const Window3& g, int64_t N, int64_t C, int64_t M, int64_t G, const float* w,
+               const float* dy, float* dx) {
+  if (g.in[0] != 1 || g.k[0] != 1) return false;  // 3-D
+  rt::cpu::DnnlConvShape s;
+  s.n = N;
+  s.c = C;
+  s.m = M;
+  s.group = G;
+  s.ih = g.in[1];
+  s.iw = g.in[2];
+  s.kh = g.k[1];
+  s.kw = g.k[2];
+  s.sh = g.s[1];
+  s.sw = g.s[2];
+  s.dh = g.d[1];
+  s.dw = g.d[2];
+  s.pt = g.pb[1];
+  s.pl = g.pb[2];
+  s.pb = g.pe[1];
+  s.pr = g.pe[2];
+  s.oh = g.out[1];
+  s.ow = g.out[2];
+  return rt::cpu::onednn_conv_backward_data(pool, s, w, dy, dx);
+}
+
 int64_t read_group(const GradContext& ctx) {
   const int64_t G = ctx.node().attr_int("group", 1);
   if (G <= 0) ctx.fail("group must be positive, got {}", G);
@@ -424,8 +455,12 @@ void conv_grad(GradContext& ctx) {
         // convolution of dY with windows at X's positions and weights W'[c, (m, k)] =
         // W[m, c, K-1-k]. Its column matrix has Mg*K rows where col2im's has Cg*K; the smaller
         // one wins (measured on 3x3 convs: 64->32 channels 10% faster this way, 32->64 20% slower).
-        const bool full_correlation = want_x && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && Mg < Cg;
-        if (!full_correlation) a.dp = dxp;
+        bool dx_done = false;
+        if constexpr (std::is_same_v<T, float>) {
+          if (want_x) dx_done = onednn_dx(ctx.pool(), g, N, C, M, G, w, dy.data<T>(), dxp);
+        }
+        const bool full_correlation = want_x && !dx_done && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && Mg < Cg;
+        if (!full_correlation && !dx_done) a.dp = dxp;
         if (a.dw || a.dp) window_grad<T>(ctx.pool(), a);
         if (full_correlation) {
           const int64_t K = g.k_size();

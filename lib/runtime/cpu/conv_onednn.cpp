@@ -1,0 +1,396 @@
+#include "runtime/cpu/conv_onednn.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/cpu/conv_common.h"
+#include "runtime/thread_pool.h"
+
+#if MPQ_HAVE_ONEDNN
+#include <omp.h>
+
+#include <algorithm>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+#endif
+
+namespace mpq::rt::cpu {
+
+namespace {
+// -1: as the environment says (MPQ_ONEDNN=0 switches oneDNN off); otherwise ScopedOnednn's
+// OnednnUse.
+std::atomic<int> g_override{-1};
+std::atomic<uint64_t> g_conv_count{0};
+}  // namespace
+
+uint64_t onednn_conv_count() { return g_conv_count.load(std::memory_order_relaxed); }
+
+bool onednn_available() {
+#if MPQ_HAVE_ONEDNN
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool onednn_enabled() {
+  if (!onednn_available()) return false;
+  const int o = g_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != static_cast<int>(OnednnUse::Off);
+  static const bool from_env = [] {
+    const char* v = std::getenv("MPQ_ONEDNN");
+    return !(v && v[0] == '0');
+  }();
+  return from_env;
+}
+
+#if MPQ_HAVE_ONEDNN
+namespace {
+// Training (a DeterministicBlas scope) runs mpq's kernels unless MPQ_ONEDNN=all or OnednnUse::Always:
+// oneDNN's results are the same bits at any thread count, but they round differently from mpq's,
+// and QAT's fake quantization amplifies that into another trajectory (check_qat.py's 24-step
+// "distillation loss falls" check on the demo model: 0.00604 -> 0.00569 with mpq's kernels,
+// 0.00579 -> 0.00722 with oneDNN's; over 60 steps both fall, 0.0040 -> 0.0006 and 0.0050 -> 0.0011).
+bool allowed_here() {
+  if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
+  if (!deterministic_blas()) return true;
+  static const bool train = [] {
+    const char* v = std::getenv("MPQ_ONEDNN");
+    return v && std::string(v) == "all";
+  }();
+  return train;
+}
+}  // namespace
+#endif
+
+ScopedOnednn::ScopedOnednn(OnednnUse use) : previous_(g_override.exchange(static_cast<int>(use))) {}
+ScopedOnednn::~ScopedOnednn() { g_override.store(previous_); }
+
+#if !MPQ_HAVE_ONEDNN
+
+bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const float*, const float*, const float*,
+                         float*) {
+  return false;
+}
+bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
+
+#else
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
+                       float, int, bool>;
+Key key_of(const DnnlConvShape& s, int threads, bool backward) {
+  return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
+          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, backward};
+}
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    std::apply([&](const auto&... v) { ((h = h * 1000003u ^ std::hash<std::decay_t<decltype(v)>>{}(v)), ...); }, k);
+    return h;
+  }
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// One convolution's primitives: the convolution on oneDNN's preferred layouts and the reorders
+// from and to the plain NCHW / OIHW tensors mpq holds. Primitives are immutable once created and
+// may be executed by several threads at once; the blocked buffers and the convolution's scratch
+// memory are per thread.
+struct Plan {
+  memory::desc user_src, user_wei, user_dst, user_bias;
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward conv;
+  dnnl::reorder src_in, wei_in, dst_out, z_in;
+  bool reorder_src = false, reorder_wei = false, reorder_dst = false;
+  bool direct = false;  // a jit direct kernel, not oneDNN's im2col + GEMM or reference fallback
+  // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
+  dnnl::convolution_backward_data::primitive_desc bwd_pd;
+  dnnl::convolution_backward_data bwd;
+};
+
+dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
+  dnnl::post_ops po;
+  using A = dnnl::algorithm;
+  // Y = act(conv + bias + Z): the sum post-op adds what the destination holds before the
+  // convolution writes it, so Z is copied (reordered) into the destination first.
+  if (s.residual) po.append_sum(1.0f);
+  switch (s.act) {
+    case DnnlAct::None: break;
+    case DnnlAct::Relu: po.append_eltwise(1.0f, A::eltwise_relu, 0.0f, 0.0f); break;
+    case DnnlAct::LeakyRelu: po.append_eltwise(1.0f, A::eltwise_relu, s.p0, 0.0f); break;
+    case DnnlAct::Clip: po.append_eltwise(1.0f, A::eltwise_clip_v2, s.p0, s.p1); break;
+    case DnnlAct::Sigmoid: po.append_eltwise(1.0f, A::eltwise_logistic, 0.0f, 0.0f); break;
+    case DnnlAct::Tanh: po.append_eltwise(1.0f, A::eltwise_tanh, 0.0f, 0.0f); break;
+    case DnnlAct::HardSwish: po.append_eltwise(1.0f, A::eltwise_hardswish, 0.0f, 0.0f); break;
+    case DnnlAct::HardSigmoid:
+      // oneDNN 2.6 has no hardsigmoid: max(0, min(1, a*v + b)) as linear then clip.
+      po.append_eltwise(1.0f, A::eltwise_linear, s.p0, s.p1);
+      po.append_eltwise(1.0f, A::eltwise_clip_v2, 0.0f, 1.0f);
+      break;
+  }
+  return po;
+}
+
+std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
+  auto p = std::make_shared<Plan>();
+  const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
+  const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
+                                       : memory::dims{s.m, s.c, s.kh, s.kw};
+  p->user_src = memory::desc(dst, dt::f32, tag::nchw);  // dY
+  p->user_dst = memory::desc(src, dt::f32, tag::nchw);  // dX
+  p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
+  const memory::desc any_src(src, dt::f32, tag::any), any_wei(wei, dt::f32, tag::any), any_dst(dst, dt::f32, tag::any);
+  const memory::dims strides{s.sh, s.sw}, dil{s.dh - 1, s.dw - 1}, pl{s.pt, s.pl}, pr{s.pb, s.pr};
+  auto fwd = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_src,
+                                      any_wei, memory::desc(), any_dst, strides, dil, pl, pr),
+      engine());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // as in make_plan
+  p->bwd_pd = dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst, strides, dil,
+                                            pl, pr),
+      attr, engine(), fwd);
+  const std::string impl = p->bwd_pd.impl_info_str();
+  p->direct = impl.rfind("jit", 0) == 0;
+  if (!p->direct) return p;
+  p->bwd = dnnl::convolution_backward_data(p->bwd_pd);
+  p->reorder_src = p->bwd_pd.diff_dst_desc() != p->user_src;
+  p->reorder_wei = p->bwd_pd.weights_desc() != p->user_wei;
+  p->reorder_dst = p->bwd_pd.diff_src_desc() != p->user_dst;
+  if (p->reorder_src)
+    p->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_src, engine(), p->bwd_pd.diff_dst_desc()));
+  if (p->reorder_wei)
+    p->wei_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_wei, engine(), p->bwd_pd.weights_desc()));
+  if (p->reorder_dst)
+    p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->bwd_pd.diff_src_desc(), engine(), p->user_dst));
+  return p;
+}
+
+std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
+  auto p = std::make_shared<Plan>();
+  const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
+  const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
+                                       : memory::dims{s.m, s.c, s.kh, s.kw};
+  p->user_src = memory::desc(src, dt::f32, tag::nchw);
+  p->user_dst = memory::desc(dst, dt::f32, tag::nchw);
+  p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
+  p->user_bias = s.bias ? memory::desc({s.m}, dt::f32, tag::x) : memory::desc();
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post_ops_of(s));
+  // Scratch memory comes from the caller (per thread), so that one plan may run on several threads
+  // at once whatever oneDNN's build options.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // tag::any lets oneDNN pick its blocked layouts, where its direct (jit) kernels run; on plain
+  // NCHW it would fall back to im2col + GEMM, no faster than mpq's own.
+  auto d = dnnl::convolution_forward::desc(
+      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, memory::desc(src, dt::f32, tag::any),
+      memory::desc(wei, dt::f32, tag::any), p->user_bias, memory::desc(dst, dt::f32, tag::any), {s.sh, s.sw},
+      {s.dh - 1, s.dw - 1}, {s.pt, s.pl}, {s.pb, s.pr});
+  p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+  const std::string impl = p->pd.impl_info_str();
+  p->direct = impl.rfind("jit", 0) == 0;
+  if (!p->direct) return p;  // mpq runs it; the primitive is never needed
+  p->conv = dnnl::convolution_forward(p->pd);
+  p->reorder_src = p->pd.src_desc() != p->user_src;
+  p->reorder_wei = p->pd.weights_desc() != p->user_wei;
+  p->reorder_dst = p->pd.dst_desc() != p->user_dst;
+  if (p->reorder_src) p->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_src, engine(), p->pd.src_desc()));
+  if (p->reorder_wei)
+    p->wei_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_wei, engine(), p->pd.weights_desc()));
+  if (p->reorder_dst) {
+    p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
+    p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_dst, engine(), p->pd.dst_desc()));
+  }
+  return p;
+}
+
+// Bounded least-recently-used cache of plans: a model has a few dozen convolution shapes per batch
+// size; the bound only keeps a long-lived process that sees many shapes from growing without end.
+constexpr size_t kMaxPlans = 256;
+
+class PlanCache {
+ public:
+  std::shared_ptr<Plan> get(const DnnlConvShape& s, int threads, bool backward = false) {
+    const Key k = key_of(s, threads, backward);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) {
+        order_.splice(order_.begin(), order_, it->second.second);
+        return it->second.first;
+      }
+    }
+    std::shared_ptr<Plan> p = backward ? make_backward_data_plan(s) : make_plan(s);  // milliseconds: outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it != map_.end()) return it->second.first;
+    order_.push_front(k);
+    map_.emplace(k, std::make_pair(p, order_.begin()));
+    if (map_.size() > kMaxPlans) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<Key> order_;
+  std::unordered_map<Key, std::pair<std::shared_ptr<Plan>, std::list<Key>::iterator>, KeyHash> map_;
+};
+
+PlanCache& cache() {
+  static PlanCache c;
+  return c;
+}
+
+// Per-thread scratch for the blocked copies, kept between calls (allocating per call made glibc
+// hand large buffers back to the OS and fault them in again every run). 64-byte aligned for the
+// vector loads of oneDNN's kernels.
+struct Scratch {
+  std::vector<float> buf;
+  float* get(size_t bytes) {
+    const size_t floats = bytes / sizeof(float) + 16;
+    if (buf.size() < floats) buf.assign(floats, 0.0f);
+    auto addr = reinterpret_cast<uintptr_t>(buf.data());
+    return reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
+  }
+};
+
+}  // namespace
+
+// Which convolutions mpq's own kernels run faster, from tests/bench_conv on the shipped models'
+// shapes (one thread, AVX2; docs/runtime.md). A oneDNN call costs about 10 us more than mpq's
+// however small the convolution (four primitives: source, weights and result reorders around the
+// convolution), so:
+//   * pointwise convolutions (1x1, stride 1, no padding) stay one OpenBLAS GEMM on the NCHW input,
+//     with no reorder: 1.1-3.9x faster than oneDNN on these shapes (0.9x on one);
+//   * other dense convolutions under kMinDenseMacs multiply-adds stay with mpq (1x1 stride-2
+//     shortcuts and the ViT's patch embedding at batch 1: oneDNN 1.2-1.8x slower);
+//   * depthwise ones always go to oneDNN (0.2-0.8x mpq's time; 1.2x on the smallest, 16 channels
+//     at 8x8 output, batch 1: 15 vs 12 us, kept for one simple rule).
+constexpr double kMinDenseMacs = 200e3;
+
+bool mpq_is_faster(const DnnlConvShape& s) {
+  const bool depthwise = s.group > 1 && s.group == s.c;
+  if (depthwise) return false;
+  const bool pointwise =
+      s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.pt == 0 && s.pl == 0 && s.pb == 0 && s.pr == 0;
+  if (pointwise) return true;
+  const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
+                      static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
+  return macs < kMinDenseMacs;
+}
+
+// Every OpenMP parallel region costs a wake-up of the other threads: measured about 15 us each on
+// the 2-core machine (with OMP_WAIT_POLICY=PASSIVE, see apps/mpq/main.cpp), and a convolution here is
+// four regions (three reorders and the convolution). A second thread pays only from a few million
+// multiply-adds on (tests/bench_conv: 8x16x28x28 3x3 860 -> 650 us on two threads, while every
+// convolution of the MobileNets at batch 1 took 60-70 us longer than on one), so smaller ones run
+// on the calling thread alone. The result is the same either way (direct kernels, see header).
+constexpr double kMacsPerThread = 4e6;
+
+int team_size(const DnnlConvShape& s, int threads) {
+  // OnednnUse::Always (tests) uses every thread, so that one and two threads are really compared.
+  if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return std::max(threads, 1);
+  const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
+                      static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
+  return static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, static_cast<double>(std::max(threads, 1))));
+}
+
+bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                         const float* z, float* y) {
+  if (!onednn_enabled() || !allowed_here()) return false;
+  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
+    return false;
+  // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
+  // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
+  // so it is set first and is part of the cache key.
+  const int team = team_size(s, pool.size());
+  if (omp_get_max_threads() != team) omp_set_num_threads(team);
+  std::shared_ptr<Plan> p = cache().get(s, team);
+  if (!p->direct) return false;
+  thread_local Scratch s_src, s_wei, s_dst;
+  thread_local dnnl::stream stream(engine());
+  dnnl::engine& eng = engine();
+  memory usrc(p->user_src, eng, const_cast<float*>(x));
+  memory uwei(p->user_wei, eng, const_cast<float*>(w));
+  memory udst(p->user_dst, eng, y);
+  memory src = p->reorder_src ? memory(p->pd.src_desc(), eng, s_src.get(p->pd.src_desc().get_size())) : usrc;
+  memory wei = p->reorder_wei ? memory(p->pd.weights_desc(), eng, s_wei.get(p->pd.weights_desc().get_size())) : uwei;
+  memory dst = p->reorder_dst ? memory(p->pd.dst_desc(), eng, s_dst.get(p->pd.dst_desc().get_size())) : udst;
+  if (p->reorder_src) p->src_in.execute(stream, usrc, src);
+  if (p->reorder_wei) p->wei_in.execute(stream, uwei, wei);
+  if (s.residual) {
+    memory uz(p->user_dst, eng, const_cast<float*>(z));
+    if (p->reorder_dst) {
+      p->z_in.execute(stream, uz, dst);
+    } else {
+      std::copy(z, z + s.n * s.m * s.oh * s.ow, y);
+    }
+  }
+  thread_local Scratch s_pad;
+  const memory::desc pad_desc = p->pd.scratchpad_desc();
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}};
+  if (s.bias) args.emplace(DNNL_ARG_BIAS, memory(p->user_bias, eng, const_cast<float*>(bias)));
+  p->conv.execute(stream, args);
+  if (p->reorder_dst) p->dst_out.execute(stream, dst, udst);
+  stream.wait();
+  g_conv_count.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
+  if (!onednn_enabled() || !allowed_here()) return false;
+  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
+    return false;
+  const int team = team_size(s, pool.size());
+  if (omp_get_max_threads() != team) omp_set_num_threads(team);
+  std::shared_ptr<Plan> p = cache().get(s, team, true);
+  if (!p->direct) return false;
+  thread_local Scratch s_dy, s_wei, s_dx;
+  thread_local dnnl::stream stream(engine());
+  dnnl::engine& eng = engine();
+  memory udy(p->user_src, eng, const_cast<float*>(dy));
+  memory uwei(p->user_wei, eng, const_cast<float*>(w));
+  memory udx(p->user_dst, eng, dx);
+  memory ddy = p->reorder_src ? memory(p->bwd_pd.diff_dst_desc(), eng, s_dy.get(p->bwd_pd.diff_dst_desc().get_size())) : udy;
+  memory wei = p->reorder_wei ? memory(p->bwd_pd.weights_desc(), eng, s_wei.get(p->bwd_pd.weights_desc().get_size())) : uwei;
+  memory ddx = p->reorder_dst ? memory(p->bwd_pd.diff_src_desc(), eng, s_dx.get(p->bwd_pd.diff_src_desc().get_size())) : udx;
+  if (p->reorder_src) p->src_in.execute(stream, udy, ddy);
+  if (p->reorder_wei) p->wei_in.execute(stream, uwei, wei);
+  thread_local Scratch s_pad;
+  const memory::desc pad_desc = p->bwd_pd.scratchpad_desc();
+  p->bwd.execute(stream, {{DNNL_ARG_DIFF_DST, ddy},
+                          {DNNL_ARG_WEIGHTS, wei},
+                          {DNNL_ARG_DIFF_SRC, ddx},
+                          {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}});
+  if (p->reorder_dst) p->dst_out.execute(stream, ddx, udx);
+  stream.wait();
+  g_conv_count.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+#endif
+
+}  // namespace mpq::rt::cpu

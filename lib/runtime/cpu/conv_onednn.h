@@ -1,0 +1,77 @@
+#pragma once
+// Float32 1-D/2-D convolution forward through oneDNN (Intel's deep-learning primitives, the
+// library PyTorch's CPU convolutions run on), for Conv and mpq::FusedConv. Plain NCHW in and out:
+// the source is reordered into oneDNN's blocked layout (nChw8c on AVX2) and the result back, since
+// its direct kernels on blocked data beat im2col + GEMM on NCHW even with both reorders on all but
+// the smallest shapes (measured per shape with tests/bench_conv, see docs/runtime.md). Primitives
+// (convolution and reorders) are cached per shape and attribute set in a bounded process-wide
+// cache, so repeated runs of a plan pay oneDNN's primitive creation once; weights are reordered on
+// every call, since training updates them in place. Not a public API.
+#include <cstdint>
+
+namespace mpq::rt {
+class ThreadPool;
+}
+
+namespace mpq::rt::cpu {
+
+// The activation of mpq::FusedConv, applied as a oneDNN post-op.
+enum class DnnlAct { None, Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh, HardSwish };
+
+struct DnnlConvShape {
+  int64_t n = 0, c = 0, m = 0, group = 1;
+  int64_t ih = 1, iw = 1, kh = 1, kw = 1;  // 1-D convolutions have ih = kh = 1
+  int64_t sh = 1, sw = 1, dh = 1, dw = 1;  // strides; dilations as in ONNX (1 = dense)
+  int64_t pt = 0, pl = 0, pb = 0, pr = 0;  // pads: top, left, bottom, right
+  int64_t oh = 1, ow = 1;
+  bool bias = false, residual = false;
+  DnnlAct act = DnnlAct::None;
+  float p0 = 0.0f, p1 = 0.0f;
+};
+
+// Whether oneDNN is compiled in and not switched off (MPQ_ONEDNN=0 in the environment runs mpq's
+// own kernels everywhere, for comparisons). Training (inside a DeterministicBlas scope) uses it only
+// with MPQ_ONEDNN=all (see conv_onednn.cpp for why).
+bool onednn_enabled();
+bool onednn_available();  // compiled in
+
+// Which convolutions oneDNN runs: none, those it is measured faster on (the default), or every one
+// it has a direct kernel for, on every thread of the pool however small (tests, to reach odd shapes
+// and really compare thread counts; bench_conv, to measure).
+enum class OnednnUse { Off, Auto, Always };
+
+// Sets the choice for the whole process while alive.
+class ScopedOnednn {
+ public:
+  explicit ScopedOnednn(OnednnUse use);
+  ~ScopedOnednn();
+  ScopedOnednn(const ScopedOnednn&) = delete;
+  ScopedOnednn& operator=(const ScopedOnednn&) = delete;
+
+ private:
+  int previous_;
+};
+
+// How many convolutions oneDNN has run in this process (tests check which path a shape took).
+uint64_t onednn_conv_count();
+
+// y = act(conv(x, w) + bias + z) through oneDNN, where it is enabled, measured faster than mpq's
+// kernels for the shape, and has a direct (jit) kernel for it; returns false, computing nothing,
+// otherwise. x is [N, C, IH, IW], w [M, C/G, KH, KW], y and z [N, M, OH, OW], all dense NCHW;
+// `bias` and `z` may be null when s.bias / s.residual are false. The oneDNN threads (OpenMP) are
+// set to pool.size() for the call. Shapes where oneDNN would fall back to im2col + GEMM (grouped
+// convolutions whose channels per group are not a multiple of its vector block, for instance) are
+// left to mpq: that is what mpq does too, and oneDNN's GEMM splits its reduction by thread count,
+// so its results would not be the same bits on one thread and on two; its direct kernels sum every
+// output in one fixed order.
+bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                         const float* z, float* y);
+
+// dX of the convolution `s` describes (bias, residual and activation ignored) from dY [N, M, OH, OW]
+// and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; same choice of
+// shapes and threads as the forward, false (computing nothing) where mpq's kernels run it. Each dX
+// element is summed by one thread in a fixed order, so it is the same bits at any thread count
+// (tests/train/conv_grad_test); the weight gradient stays mpq's (oneDNN's sums per-thread partials).
+bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx);
+
+}  // namespace mpq::rt::cpu
