@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_api.h"
+#include "kernels/memory.h"
 
 namespace mpq::cuda {
 
@@ -95,6 +96,7 @@ extern "C" __attribute__((visibility("default"))) const mpq::cuda::CudaApi* mpq_
     mpq::cuda::CudaApi a;
     a.probe = &mpq::cuda::probe;
     a.saxpy_selftest = &mpq::cuda::saxpy_selftest;
+    mpq::cuda::fill_memory_api(a);
     return a;
   }();
   return &api;

@@ -4,11 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 
 #include "core/error.h"
 #include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/device_tensor.h"
+#include "runtime/devices.h"
 
 using namespace mpq;
 using namespace mpq::rt::gpu;
@@ -39,6 +43,11 @@ struct FakeBackend : DeviceMemoryBackend {
     return 0;
   }
   std::string error_text(int code) override { return code == 2 ? "out of memory" : ""; }
+  int copy(void* dst, const void* src, size_t bytes, CopyKind, void*) override {
+    std::memcpy(dst, src, bytes);
+    return 0;
+  }
+  int synchronize(void*) override { return 0; }
 };
 
 void* const kStreamA = reinterpret_cast<void*>(0x1);
@@ -130,4 +139,50 @@ TEST_CASE("out of memory releases the cache, retries, then names node and op", "
   CHECK_THROWS_AS(a.deallocate(q), Error);  // double free
   int x = 0;
   CHECK_THROWS_AS(a.deallocate(&x), Error);
+}
+
+TEST_CASE("device tensors know their device, copy explicitly and return memory to the cache", "[cuda_allocator]") {
+  FakeBackend be(1 << 30);
+  CachingAllocator a(be);
+  const Tensor host = Tensor::from<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  {
+    const Tensor d = to_device(host, a, be, kStreamA, "x", "Input");
+    CHECK(d.device() == Device::CUDA);
+    CHECK_FALSE(d.is_host());
+    CHECK(d.shape() == host.shape());
+    CHECK(a.stats().in_use == 512);
+    const Tensor back = to_host(d, be, kStreamA, "y", "Output");
+    CHECK(back.is_host());
+    CHECK(std::vector<float>(back.data<float>(), back.data<float>() + 6) == std::vector<float>{1, 2, 3, 4, 5, 6});
+    CHECK_THROWS_AS(to_device(d, a, be, kStreamA, "x", "Input"), Error);  // already on the device
+    CHECK_THROWS_AS(to_host(host, be, kStreamA, "x", "Input"), Error);
+  }
+  CHECK(a.stats().in_use == 0);  // the tensor's buffer went back to the cache
+  CHECK(a.stats().cached == 512);
+  CHECK_THROWS_AS(device_empty(a, DType::String, {2}, kStreamA, "s", "Identity"), Error);
+}
+
+TEST_CASE("CPU fallbacks are logged once per op type", "[cuda_allocator]") {
+  FallbackLog log;
+  CHECK(log.note("NonMaxSuppression", "no CUDA kernel"));
+  CHECK_FALSE(log.note("NonMaxSuppression", "no CUDA kernel"));
+  CHECK(log.note("TopK", "no CUDA kernel"));
+  CHECK(log.ops() == std::set<std::string>{"NonMaxSuppression", "TopK"});
+}
+
+TEST_CASE("a CUDA context without a usable GPU is a clear error", "[cuda_allocator]") {
+  if (rt::cuda_available()) {
+    WARN("a CUDA device is present: the no-GPU error path is not exercised here");
+    CudaContext ctx;
+    CHECK(ctx.stream() != nullptr);
+    return;
+  }
+  try {
+    CudaContext ctx;
+    FAIL("no error");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.kind() == ErrorKind::BadInput);
+    CHECK(std::string(e.what()).rfind("--device cuda: ", 0) == 0);
+  }
 }

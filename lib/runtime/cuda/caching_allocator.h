@@ -18,11 +18,18 @@
 
 namespace mpq::rt::gpu {
 
+enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
+
+// Device memory operations: cudaMalloc/cudaFree/cudaMemcpyAsync/cudaStreamSynchronize in the
+// plugin (runtime/cuda/plugin_backend.h), a fake in the host tests.
 struct DeviceMemoryBackend {
   virtual ~DeviceMemoryBackend() = default;
   // 0 on success, else the cudaError_t code.
   virtual int allocate(void** ptr, size_t bytes) = 0;
   virtual int release(void* ptr) = 0;
+  // Asynchronous on `stream`; host buffers should be pinned for real overlap.
+  virtual int copy(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) = 0;
+  virtual int synchronize(void* stream) = 0;
   // The library's text for a code (cudaGetErrorString); may be empty.
   virtual std::string error_text(int code) { return code ? "" : "no error"; }
 };
