@@ -9,6 +9,7 @@
 #include "kernels/bodies/spatial.cuh"
 #include "kernels/grid.cuh"
 #include "kernels/ops.h"
+#include "kernels/ops_table.h"
 
 namespace mpq::cuda::host {
 
@@ -24,3 +25,13 @@ int run(const Body& body, const LaunchCtx& c) {
 #include "kernels/ops_quant.inc"
 
 }  // namespace mpq::cuda::host
+
+namespace mpq::cuda {
+const OpsTable& host_ops_table() {
+  static const OpsTable table = [] {
+    using namespace host;
+#include "kernels/ops_table.inc"
+  }();
+  return table;
+}
+}  // namespace mpq::cuda

@@ -82,6 +82,10 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
                 {ir::Attribute::make_int("group", 2), ir::Attribute::make_ints("pads", {1, 1, 1, 1}),
                  ir::Attribute::make_ints("strides", {2, 2})},
                 13, LaunchKind::Conv);
+  check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor::from<float>({4}, {1, 1, 2.0f, 0.43f})},
+                {ir::Attribute::make_string("mode", "linear")}, 13, LaunchKind::Resize2d);
+  check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor(), i64({4}, {1, 2, 3, 11})},
+                {ir::Attribute::make_string("coordinate_transformation_mode", "asymmetric")}, 13, LaunchKind::Resize2d);
   const NodeLaunch mm = plan("MatMul", {f({2, 3, 4}), f({4, 5})}, {}, 13);
   CHECK(mm.gemm.n == 6);  // batch folded into M (cuBLASLt's n)
 }

@@ -1,5 +1,6 @@
 #include "runtime/cuda/node_plan.h"
 
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -171,6 +172,56 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     l.pool = make_pool2d_geom(shapes[0], node.attr_ints("kernel_shape"), node.attr_ints("strides"), node.attr_ints("dilations"),
                               node.attr_ints("pads"), node.attr_int("ceil_mode", 0) != 0);
     l.out_shape = {shapes[0][0], shapes[0][1], l.pool.oh, l.pool.ow};
+    return l;
+  }
+  if (op == "Resize") {
+    if (opset < 13) return fallback("Resize before opset 13");
+    if (shapes[0].size() != 4) return fallback("Resize of a tensor that is not 4-D");
+    if (node.has_attr("axes") || node.attr_int("antialias", 0) != 0) return fallback("Resize axes/antialias");
+    const std::string mode = node.attr_string("mode", "nearest");
+    if (mode != "nearest" && mode != "linear") return fallback("Resize mode " + mode);
+    static const std::map<std::string, cuda::ResizeCoord> coords = {
+        {"half_pixel", cuda::ResizeCoord::HalfPixel}, {"pytorch_half_pixel", cuda::ResizeCoord::PytorchHalfPixel},
+        {"align_corners", cuda::ResizeCoord::AlignCorners}, {"asymmetric", cuda::ResizeCoord::Asymmetric}};
+    static const std::map<std::string, cuda::ResizeNearest> nearest = {
+        {"round_prefer_floor", cuda::ResizeNearest::RoundPreferFloor}, {"round_prefer_ceil", cuda::ResizeNearest::RoundPreferCeil},
+        {"floor", cuda::ResizeNearest::Floor}, {"ceil", cuda::ResizeNearest::Ceil}};
+    const std::string coord = node.attr_string("coordinate_transformation_mode", "half_pixel");
+    const std::string nm = node.attr_string("nearest_mode", "round_prefer_floor");
+    if (!coords.count(coord)) return fallback("Resize coordinate_transformation_mode " + coord);
+    if (!nearest.count(nm)) return fallback("Resize nearest_mode " + nm);
+    cuda::Resize2dGeom& g = l.resize;
+    g.linear = mode == "linear";
+    g.coord = coords.at(coord);
+    g.nearest = nearest.at(nm);
+    g.planes = shapes[0][0] * shapes[0][1];
+    g.ih = shapes[0][2];
+    g.iw = shapes[0][3];
+    const Tensor* sc = input(2);
+    const Tensor* sz = input(3);
+    if (sc && sc->numel() == 4) {
+      if (sc->get_double(0) != 1.0 || sc->get_double(1) != 1.0) return fallback("Resize of the batch or channel axis");
+      const float sh = static_cast<float>(sc->get_double(2)), sw = static_cast<float>(sc->get_double(3));
+      if (!(sh > 0.0f) || !(sw > 0.0f)) fail_input("{}: Resize scales must be positive", node.label());
+      // As the CPU kernel: the output length is floor(scale * length) in float.
+      g.oh = static_cast<int64_t>(std::floor(sh * static_cast<float>(g.ih)));
+      g.ow = static_cast<int64_t>(std::floor(sw * static_cast<float>(g.iw)));
+      g.scale_h = sh;
+      g.scale_w = sw;
+    } else if (sz && sz->numel() == 4) {
+      if (opset >= 18 && node.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch")
+        return fallback("Resize keep_aspect_ratio_policy");
+      if (sz->get_double(0) != static_cast<double>(shapes[0][0]) || sz->get_double(1) != static_cast<double>(shapes[0][1]))
+        return fallback("Resize of the batch or channel axis");
+      g.oh = static_cast<int64_t>(sz->get_double(2));
+      g.ow = static_cast<int64_t>(sz->get_double(3));
+      g.scale_h = static_cast<double>(g.oh) / static_cast<double>(g.ih);
+      g.scale_w = static_cast<double>(g.ow) / static_cast<double>(g.iw);
+    } else {
+      return fallback("Resize scales/sizes not constant");
+    }
+    l.kind = LaunchKind::Resize2d;
+    l.out_shape = {shapes[0][0], shapes[0][1], g.oh, g.ow};
     return l;
   }
   if (op == "Transpose") {
