@@ -9,8 +9,10 @@
 
 namespace mpq::cuda {
 
+struct OpsTable;  // kernels/ops_table.h
+
 // Bumped whenever CudaApi changes; the loader refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 2;
+inline constexpr int kCudaApiVersion = 3;
 
 struct DeviceInfo {
   int index = 0;
@@ -50,6 +52,10 @@ struct CudaApi {
   int (*stream_destroy)(void* stream) = nullptr;
   int (*stream_synchronize)(void* stream) = nullptr;
   const char* (*error_string)(int code) = nullptr;
+
+  // The shared kernel bodies' GPU launchers (version 3; kernels/ops_table.h), for the CUDA node
+  // runner (runtime/cuda/node_runner.h). NEVER RUN on a GPU yet.
+  const OpsTable* ops = nullptr;
 };
 
 }  // namespace mpq::cuda

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda_api.h"
 #include "kernels/memory.h"
+#include "kernels/ops_table.h"
 
 namespace mpq::cuda {
 
@@ -97,6 +98,7 @@ extern "C" __attribute__((visibility("default"))) const mpq::cuda::CudaApi* mpq_
     a.probe = &mpq::cuda::probe;
     a.saxpy_selftest = &mpq::cuda::saxpy_selftest;
     mpq::cuda::fill_memory_api(a);
+    a.ops = &mpq::cuda::gpu_ops_table();
     return a;
   }();
   return &api;

@@ -78,8 +78,8 @@ step() {  # step NAME CMD...: runs, appends its output, records pass/fail
 
 cd "$here"
 step "mpq devices" bin/mpq devices
-for t in kernel_bodies_test quant_bodies_test cuda_plan_test lib_descriptors_test gpu_kernels_test; do
-  step "$t" "bin/$t" --use-colour no
+for f in bin/*_test; do
+  step "$(basename "$f")" "$f" --use-colour no
 done
 if grep -q "SKIPPED: no usable CUDA device" "$results"; then
   log "NOTE: GPU tests were SKIPPED (see above): this machine's GPU is not usable from this bundle"
@@ -87,9 +87,12 @@ if grep -q "SKIPPED: no usable CUDA device" "$results"; then
 fi
 if [ "$quick" = 0 ]; then
   if [ -n "$sanitizer" ]; then
-    step "memcheck gpu_kernels_test" "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check full bin/gpu_kernels_test --use-colour no
-    step "racecheck gpu_kernels_test" "$sanitizer" --tool racecheck --error-exitcode 1 bin/gpu_kernels_test --use-colour no
-    step "initcheck gpu_kernels_test" "$sanitizer" --tool initcheck --error-exitcode 1 bin/gpu_kernels_test --use-colour no
+    for f in bin/gpu_*_test; do
+      t=$(basename "$f")
+      step "memcheck $t" "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check full "$f" --use-colour no
+      step "racecheck $t" "$sanitizer" --tool racecheck --error-exitcode 1 "$f" --use-colour no
+      step "initcheck $t" "$sanitizer" --tool initcheck --error-exitcode 1 "$f" --use-colour no
+    done
   else
     log "compute-sanitizer not found: memcheck/racecheck NOT RUN"
     failures=$((failures + 1))
