@@ -30,9 +30,11 @@ out=${out:-$build_dir/gpu_bundle/mpq-gpu}
 limit=$((48 * 1024 * 1024))
 
 # Host-run (no GPU needed) and GPU tests of the CUDA backend.
-host_tests=(kernel_bodies_test quant_bodies_test node_runner_test lib_descriptors_test cuda_plan_test cuda_node_plan_test
-            cuda_allocator_test)
-gpu_tests=(gpu_kernels_test gpu_node_runner_test)
+host_tests=(kernel_bodies_test quant_bodies_test node_runner_test graph_runner_test lib_descriptors_test cuda_plan_test
+            cuda_node_plan_test cuda_allocator_test)
+gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_graph_runner_test)
+# The models the graph runner tests load (tests/cuda/model_cases.h), found through $MPQ_TEST_MODELS.
+runner_models=(resnet_bn_op13 resnet_bn_op17 mobilenetv3_op13 transformer_op13 unet_op13 tiny_bert)
 tests=("${host_tests[@]}" "${gpu_tests[@]}")
 benches=(bench_cuda_kernels)
 
@@ -54,6 +56,8 @@ done
 strip --strip-unneeded "$out"/bin/* 2>/dev/null || true
 cp "$src/scripts/gpu_check.sh" "$out/"
 cp -r "$src/tests/models/resnet_bn_op13.onnx" "$src/tests/models/resnet_bn_op13_data" "$out/data/"
+mkdir -p "$out/data/models"
+for m in "${runner_models[@]}"; do cp "$src/tests/models/$m.onnx" "$out/data/models/"; done
 
 # Toolkit and driver libraries come from the GPU machine; glibc and the loader too.
 is_system() {
@@ -124,7 +128,7 @@ run() {  # run NAME EXPECT_RC CMD...
   local name=$1 expect=$2
   shift 2
   local rc=0
-  (cd "$work" && env -i LD_LIBRARY_PATH="$b/lib" HOME="$work" "$@") >"$work/$name.log" 2>&1 || rc=$?
+  (cd "$work" && env -i LD_LIBRARY_PATH="$b/lib" HOME="$work" MPQ_TEST_MODELS="$b/data/models" "$@") >"$work/$name.log" 2>&1 || rc=$?
   if [ "$rc" = "$expect" ]; then
     echo "ok: $name"
   else

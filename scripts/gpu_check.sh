@@ -56,6 +56,7 @@ if [ -n "$cudnn_dir" ]; then
   [ -d "$cudnn_dir/../../cublas/lib" ] && libpath="$libpath:$(cd "$cudnn_dir/../../cublas/lib" && pwd)"
 fi
 export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MPQ_TEST_MODELS="$here/data/models"  # the graph runner tests' models
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
 for c in "$cuda_home/bin/compute-sanitizer" "$cuda_home/compute-sanitizer/compute-sanitizer"; do
   [ -z "$sanitizer" ] && [ -x "$c" ] && sanitizer=$c

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cuda/caching_allocator.h"
+
 namespace mpq::test {
 
 // Empty when a CUDA device can run kernels, else why not.
@@ -56,6 +58,20 @@ class DeviceBuf {
  private:
   T* p_ = nullptr;
   size_t n_;
+};
+
+
+// Real device memory for the GPU runner tests.
+struct CudaMemory : rt::gpu::DeviceMemoryBackend {
+  int allocate(void** p, size_t bytes) override { return static_cast<int>(cudaMalloc(p, bytes)); }
+  int release(void* p) override { return static_cast<int>(cudaFree(p)); }
+  int copy(void* dst, const void* src, size_t bytes, rt::gpu::CopyKind kind, void* stream) override {
+    const cudaMemcpyKind k = kind == rt::gpu::CopyKind::HostToDevice ? cudaMemcpyHostToDevice
+                             : kind == rt::gpu::CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    return static_cast<int>(cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream)));
+  }
+  int synchronize(void* stream) override { return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); }
+  std::string error_text(int code) override { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 };
 
 }  // namespace mpq::test
