@@ -1,12 +1,12 @@
 #pragma once
-// Shared host/device building blocks for the CUDA kernel bodies (kernels/bodies/*.h).
+// Shared host/device building blocks for the CUDA kernel bodies (kernels/bodies/*.cuh).
 //
 // Every kernel body is a functor whose operator()(const Thread&) does the work of one CUDA thread
-// over a grid-stride loop. On the GPU a thin __global__ launcher (kernels/launch.cuh) builds the
-// Thread from blockIdx/threadIdx; on the host, the harness (kernels/host_harness.cu, compiled by
-// nvcc) calls the same functor for every (block, thread) pair of the same launch shape, so tails,
-// odd sizes and the index arithmetic are exercised by the host tests exactly as on the device.
-// Bodies compiled by g++ (no __CUDACC__) see MPQ_HD as nothing.
+// over a grid-stride loop. On the GPU a thin __global__ launcher (body_kernel, kernels/grid.cuh)
+// builds the Thread from blockIdx/threadIdx; on the host, the harness (kernels/host_harness.cu,
+// compiled by nvcc) calls the same functor for every (block, thread) pair of the same launch
+// shape, so tails, odd sizes and the index arithmetic are exercised by the host tests exactly as
+// on the device. MPQ_HD is empty for g++ (no __CUDACC__); g++ files include only kernels/params.h.
 #include <cmath>
 #include <cstdint>
 
