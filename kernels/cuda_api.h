@@ -9,8 +9,10 @@
 
 namespace mpq::cuda {
 
+struct OpsTable;  // kernels/ops_table.h
+
 // Bumped whenever CudaApi changes; the loader refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 1;
+inline constexpr int kCudaApiVersion = 3;
 
 struct DeviceInfo {
   int index = 0;
@@ -36,6 +38,24 @@ struct CudaApi {
   // Smoke test of the whole path (allocation, a kernel launch, a cuBLASLt handle): y = a*x + y on
   // the device. Returns an empty string on success, else the CUDA error text.
   std::string (*saxpy_selftest)(float a, const std::vector<float>& x, std::vector<float>& y) = nullptr;
+
+  // Device memory, pinned host staging and streams (version 2). Each returns 0 or the
+  // cudaError_t code; error_string gives cudaGetErrorString's text. Device memory is plain
+  // cudaMalloc, never managed memory. memcpy_async kinds: 0 host->device, 1 device->host,
+  // 2 device->device. Used by runtime/cuda/plugin_backend.h; NEVER RUN on a GPU yet.
+  int (*device_malloc)(void** ptr, size_t bytes) = nullptr;
+  int (*device_free)(void* ptr) = nullptr;
+  int (*host_malloc_pinned)(void** ptr, size_t bytes) = nullptr;
+  int (*host_free_pinned)(void* ptr) = nullptr;
+  int (*memcpy_async)(void* dst, const void* src, size_t bytes, int kind, void* stream) = nullptr;
+  int (*stream_create)(void** stream) = nullptr;
+  int (*stream_destroy)(void* stream) = nullptr;
+  int (*stream_synchronize)(void* stream) = nullptr;
+  const char* (*error_string)(int code) = nullptr;
+
+  // The shared kernel bodies' GPU launchers (version 3; kernels/ops_table.h), for the CUDA node
+  // runner (runtime/cuda/node_runner.h). NEVER RUN on a GPU yet.
+  const OpsTable* ops = nullptr;
 };
 
 }  // namespace mpq::cuda

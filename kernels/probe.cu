@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_api.h"
+#include "kernels/memory.h"
+#include "kernels/ops_table.h"
 
 namespace mpq::cuda {
 
@@ -95,6 +97,8 @@ extern "C" __attribute__((visibility("default"))) const mpq::cuda::CudaApi* mpq_
     mpq::cuda::CudaApi a;
     a.probe = &mpq::cuda::probe;
     a.saxpy_selftest = &mpq::cuda::saxpy_selftest;
+    mpq::cuda::fill_memory_api(a);
+    a.ops = &mpq::cuda::gpu_ops_table();
     return a;
   }();
   return &api;

@@ -1,0 +1,69 @@
+#pragma once
+// Data movement bodies: Gather, Slice, Concat, Transpose. One thread per output element (Concat:
+// per element of one input; the launcher runs one launch per input). Shapes are resolved on the
+// host into the index structs below.
+#include "kernels/hd.h"
+
+namespace mpq::cuda {
+
+// Gather along an axis: X viewed as [outer, axis_len, inner], `count` indices (negative ones count
+// from the end); Y is [outer, count, inner]. An index out of range writes 0 and sets *bad, which
+// the host turns into an error naming the node (the CPU kernel rejects it up front).
+struct GatherBody {
+  const float* x;
+  const int64_t* indices;
+  float* y;
+  int64_t outer, axis_len, inner, count;
+  int* bad;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = outer * count * inner;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t j = i % inner, k = (i / inner) % count, o = i / (inner * count);
+      int64_t idx = indices[k];
+      if (idx < 0) idx += axis_len;
+      if (idx < 0 || idx >= axis_len) {
+        y[i] = 0.0f;
+        *bad = 1;
+        continue;
+      }
+      y[i] = x[(o * axis_len + idx) * inner + j];
+    }
+  }
+};
+
+MPQ_HD inline int64_t view_source(const StridedView& v, int64_t i) {
+  int64_t off = v.base;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    off += (i % v.dims[d]) * v.in_step[d];
+    i /= v.dims[d];
+  }
+  return off;
+}
+
+// Slice and Transpose: y[i] = x[view_source(view, i)].
+struct GatherViewBody {
+  StridedView view;
+  const float* x;
+  float* y;
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) y[i] = x[view_source(view, i)];
+  }
+};
+
+// Copies input [outer, part, inner] into Y [outer, total, inner] starting at `offset` along the
+// concatenation axis.
+struct ConcatPartBody {
+  const float* x;
+  float* y;
+  int64_t outer, part, inner, total, offset;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t n = outer * part * inner;
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      const int64_t o = i / (part * inner), r = i % (part * inner);
+      y[o * total * inner + offset * inner + r] = x[i];
+    }
+  }
+};
+
+}  // namespace mpq::cuda

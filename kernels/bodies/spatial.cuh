@@ -1,0 +1,107 @@
+#pragma once
+// Pooling and resize over the two trailing (spatial) dimensions of an NCHW tensor; one thread per
+// output element. Geometry is resolved on the host (explicit pads, output sizes computed by
+// rt::cpu::pool_output_size / Resize's rules) so the bodies only index.
+#include "kernels/hd.h"
+
+namespace mpq::cuda {
+
+// MaxPool (is_max) or AveragePool. count_include_pad counts the taps inside the padded input
+// (never the ceil_mode overhang past the end padding), as rt::cpu::avg_pool_ref.
+struct Pool2dBody {
+  bool is_max;
+  bool count_include_pad;
+  Pool2dGeom g;
+  const float* x;
+  float* y;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = g.planes * g.oh * g.ow;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t ox = i % g.ow, oy = (i / g.ow) % g.oh, p = i / (g.ow * g.oh);
+      const float* plane = x + p * g.ih * g.iw;
+      float m = 0.0f;
+      bool any = false;
+      double s = 0.0;
+      int64_t count = 0;
+      for (int64_t ky = 0; ky < g.kh; ++ky) {
+        const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
+        for (int64_t kx = 0; kx < g.kw; ++kx) {
+          const int64_t xx = ox * g.sw + kx * g.dw - g.pad_l;
+          const bool inside = yy >= 0 && yy < g.ih && xx >= 0 && xx < g.iw;
+          if (inside) {
+            const float v = plane[yy * g.iw + xx];
+            if (!any || v > m || hd_isnan(v)) m = hd_isnan(m) ? m : v;
+            any = true;
+            s += v;
+          }
+          if (count_include_pad ? (yy >= -g.pad_t && yy < g.ih + g.pad_b && xx >= -g.pad_l && xx < g.iw + g.pad_r)
+                                : inside)
+            ++count;
+        }
+      }
+      y[i] = is_max ? m : (count > 0 ? static_cast<float>(s / static_cast<double>(count)) : 0.0f);
+    }
+  }
+};
+
+// Input coordinate of output index j along an axis of in_len, with the scale that the node gave
+// (or out_len / in_len when it gave sizes). As in the ONNX reference (and mpq's CPU kernel), the
+// "output width" of align_corners / pytorch_half_pixel is scale * in_len, not the rounded length.
+MPQ_HD inline double resize_source_coord(ResizeCoord mode, int64_t j, int64_t in_len, double scale) {
+  const double x = static_cast<double>(j);
+  const double out_w = scale * static_cast<double>(in_len);
+  switch (mode) {
+    case ResizeCoord::HalfPixel: return (x + 0.5) / scale - 0.5;
+    case ResizeCoord::PytorchHalfPixel: return out_w == 1.0 ? -0.5 : (x + 0.5) / scale - 0.5;
+    case ResizeCoord::AlignCorners: return out_w == 1.0 ? 0.0 : x * static_cast<double>(in_len - 1) / (out_w - 1.0);
+    case ResizeCoord::Asymmetric: return x / scale;
+  }
+  return x / scale;
+}
+
+MPQ_HD inline int64_t resize_nearest_index(ResizeNearest mode, double xo, int64_t in_len) {
+  const double fl = floor(xo);
+  int64_t k;
+  switch (mode) {
+    case ResizeNearest::Floor: k = static_cast<int64_t>(fl); break;
+    case ResizeNearest::Ceil: k = static_cast<int64_t>(ceil(xo)); break;
+    case ResizeNearest::RoundPreferCeil: k = static_cast<int64_t>(xo - fl >= 0.5 ? fl + 1 : fl); break;
+    default: k = static_cast<int64_t>(xo - fl > 0.5 ? fl + 1 : fl); break;
+  }
+  return k < 0 ? 0 : (k >= in_len ? in_len - 1 : k);
+}
+
+struct Resize2dBody {
+  Resize2dGeom g;
+  const float* x;
+  float* y;
+  MPQ_HD void operator()(const Thread& t) const {
+    const bool linear = g.linear;
+    const ResizeCoord coord = g.coord;
+    const ResizeNearest nearest = g.nearest;
+    const int64_t planes = g.planes, ih = g.ih, iw = g.iw, oh = g.oh, ow = g.ow;
+    const double scale_h = g.scale_h, scale_w = g.scale_w;
+    const int64_t total = planes * oh * ow;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t ox = i % ow, oy = (i / ow) % oh, p = i / (ow * oh);
+      const float* plane = x + p * ih * iw;
+      const double sy = resize_source_coord(coord, oy, ih, scale_h);
+      const double sx = resize_source_coord(coord, ox, iw, scale_w);
+      if (!linear) {
+        y[i] = plane[resize_nearest_index(nearest, sy, ih) * iw + resize_nearest_index(nearest, sx, iw)];
+        continue;
+      }
+      // Bilinear: the source coordinate clamped into the input, as ONNX Runtime does.
+      const double cy = sy < 0 ? 0 : (sy > ih - 1 ? static_cast<double>(ih - 1) : sy);
+      const double cx = sx < 0 ? 0 : (sx > iw - 1 ? static_cast<double>(iw - 1) : sx);
+      const int64_t y0 = static_cast<int64_t>(floor(cy)), x0 = static_cast<int64_t>(floor(cx));
+      const int64_t y1 = y0 + 1 < ih ? y0 + 1 : y0, x1 = x0 + 1 < iw ? x0 + 1 : x0;
+      const double wy = cy - y0, wx = cx - x0;
+      const double top = plane[y0 * iw + x0] * (1 - wx) + plane[y0 * iw + x1] * wx;
+      const double bot = plane[y1 * iw + x0] * (1 - wx) + plane[y1 * iw + x1] * wx;
+      y[i] = static_cast<float>(top * (1 - wy) + bot * wy);
+    }
+  }
+};
+
+}  // namespace mpq::cuda

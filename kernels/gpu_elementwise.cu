@@ -1,0 +1,21 @@
+// GPU launchers for kernels/ops_elementwise.inc: one __global__ instantiation per body (kernels/grid.cuh).
+// Split by family so that each nvcc compile stays short. Never run on this machine (no GPU).
+#include <cuda_runtime.h>
+
+#include "kernels/bodies/elementwise.cuh"
+#include "kernels/bodies/reduce.cuh"
+#include "kernels/grid.cuh"
+#include "kernels/ops.h"
+
+namespace mpq::cuda::gpu {
+
+namespace {
+template <class Body>
+int run(const Body& body, const LaunchCtx& c) {
+  return run_on_device_grid(body, c.shape, c.stream);
+}
+}  // namespace
+
+#include "kernels/ops_elementwise.inc"
+
+}  // namespace mpq::cuda::gpu

@@ -1,0 +1,20 @@
+// GPU launchers for kernels/ops_quant.inc: one __global__ instantiation per body (kernels/grid.cuh).
+// Split by family so that each nvcc compile stays short. Never run on this machine (no GPU).
+#include <cuda_runtime.h>
+
+#include "kernels/bodies/quant.cuh"
+#include "kernels/grid.cuh"
+#include "kernels/ops.h"
+
+namespace mpq::cuda::gpu {
+
+namespace {
+template <class Body>
+int run(const Body& body, const LaunchCtx& c) {
+  return run_on_device_grid(body, c.shape, c.stream);
+}
+}  // namespace
+
+#include "kernels/ops_quant.inc"
+
+}  // namespace mpq::cuda::gpu

@@ -1,0 +1,58 @@
+#pragma once
+// Entry points of the shared kernel bodies, declared twice with the same signatures:
+//  - mpq::cuda::host: the host harness (kernels/host_harness.cu, compiled by nvcc) runs the bodies
+//    on the CPU over every block and thread of ctx.shape; pointers are host pointers.
+//  - mpq::cuda::gpu: thin __global__ launchers (kernels/gpu_*.cu); pointers are device pointers,
+//    launched on ctx.stream. Only ever run on a GPU machine (scripts/gpu_check.sh).
+// Every function returns 0 or a cudaError_t code (the launch status); callers turn non-zero codes
+// into mpq errors naming the node and op (kernels/status.h). Plain C++: no CUDA headers needed.
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace mpq::cuda {
+
+struct LaunchCtx {
+  LaunchShape shape;
+  void* stream = nullptr;  // cudaStream_t; ignored by the host harness
+};
+
+#define MPQ_CUDA_DECLARE_OPS                                                                                        \
+  int unary(UnaryOp op, const float* x, float* y, int64_t n, const LaunchCtx& c);                                  \
+  int binary(BinaryOp op, const Broadcast2& bc, const float* a, const float* b, float* y, int64_t n,               \
+             const LaunchCtx& c);                                                                                   \
+  int reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t n, int64_t inner, const LaunchCtx& c);  \
+  int softmax(bool log, const float* x, float* y, int64_t outer, int64_t n, int64_t inner, const LaunchCtx& c);    \
+  int layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* inv_std,     \
+                 int64_t rows, int64_t n, float epsilon, const LaunchCtx& c);                                       \
+  int pool2d(bool is_max, bool count_include_pad, const Pool2dGeom& g, const float* x, float* y,                   \
+             const LaunchCtx& c);                                                                                   \
+  int resize2d(const Resize2dGeom& g, const float* x, float* y, const LaunchCtx& c);                              \
+  int gather(const float* x, const int64_t* indices, float* y, int64_t outer, int64_t axis_len, int64_t inner,     \
+             int64_t count, int* bad, const LaunchCtx& c);                                                          \
+  int strided_copy(const StridedView& v, const float* x, float* y, int64_t n, const LaunchCtx& c);                \
+  int concat_part(const float* x, float* y, int64_t outer, int64_t part, int64_t inner, int64_t total,             \
+                  int64_t offset, const LaunchCtx& c);                                                              \
+  int quantize(const QuantLayout& l, const float* x, int8_t* q, const LaunchCtx& c);                              \
+  int quantize(const QuantLayout& l, const float* x, uint8_t* q, const LaunchCtx& c);                             \
+  int quantize(const QuantLayout& l, const float* x, int32_t* q, const LaunchCtx& c);                             \
+  int dequantize(const QuantLayout& l, const int8_t* q, float* y, const LaunchCtx& c);                            \
+  int dequantize(const QuantLayout& l, const uint8_t* q, float* y, const LaunchCtx& c);                           \
+  int dequantize(const QuantLayout& l, const int32_t* q, float* y, const LaunchCtx& c);                           \
+  int fake_quant(const QuantLayout& l, const float* x, float* y, const LaunchCtx& c);                             \
+  int fake_quant_backward(const QuantLayout& l, const float* x, const float* dy, float* dx, double* scale_terms,   \
+                          const LaunchCtx& c);                                                                      \
+  int channel_sum(int64_t outer, int64_t channels, int64_t inner, const double* terms, const double* factor,       \
+                  float* out, const LaunchCtx& c);                                                                  \
+  /* partial: one entry per launched thread (blocks * threads); out: one entry */                                  \
+  int min_max(const float* x, int64_t n, MinMaxPartial* partial, MinMaxPartial* out, const LaunchCtx& c);          \
+  int histogram(const float* x, int64_t n, float scale, int bins, unsigned long long* counts, const LaunchCtx& c);
+
+namespace host {
+MPQ_CUDA_DECLARE_OPS
+}
+namespace gpu {
+MPQ_CUDA_DECLARE_OPS
+}
+
+}  // namespace mpq::cuda

@@ -1,0 +1,33 @@
+#pragma once
+// The kernel entry points of kernels/ops.h as a table of function pointers, so that code compiled
+// by g++ (the CUDA node runner, runtime/cuda/node_runner.h) can be pointed at either side:
+// host_ops_table() (the nvcc host harness, host memory; for the tests) or gpu_ops_table() (the
+// __global__ launchers, device memory; exported by the plugin). Overloads get distinct names.
+#include "kernels/ops.h"
+
+namespace mpq::cuda {
+
+struct OpsTable {
+  int (*unary)(UnaryOp, const float*, float*, int64_t, const LaunchCtx&);
+  int (*binary)(BinaryOp, const Broadcast2&, const float*, const float*, float*, int64_t, const LaunchCtx&);
+  int (*reduce)(ReduceOp, const float*, float*, int64_t, int64_t, int64_t, const LaunchCtx&);
+  int (*softmax)(bool, const float*, float*, int64_t, int64_t, int64_t, const LaunchCtx&);
+  int (*layer_norm)(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, float,
+                    const LaunchCtx&);
+  int (*pool2d)(bool, bool, const Pool2dGeom&, const float*, float*, const LaunchCtx&);
+  int (*resize2d)(const Resize2dGeom&, const float*, float*, const LaunchCtx&);
+  int (*gather)(const float*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int*, const LaunchCtx&);
+  int (*strided_copy)(const StridedView&, const float*, float*, int64_t, const LaunchCtx&);
+  int (*concat_part)(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, const LaunchCtx&);
+  int (*quantize_i8)(const QuantLayout&, const float*, int8_t*, const LaunchCtx&);
+  int (*quantize_u8)(const QuantLayout&, const float*, uint8_t*, const LaunchCtx&);
+  int (*dequantize_i8)(const QuantLayout&, const int8_t*, float*, const LaunchCtx&);
+  int (*dequantize_u8)(const QuantLayout&, const uint8_t*, float*, const LaunchCtx&);
+  int (*dequantize_i32)(const QuantLayout&, const int32_t*, float*, const LaunchCtx&);
+  int (*fake_quant)(const QuantLayout&, const float*, float*, const LaunchCtx&);
+};
+
+const OpsTable& host_ops_table();  // in mpq_cuda_host
+const OpsTable& gpu_ops_table();   // in mpq_cuda_gpu_ops
+
+}  // namespace mpq::cuda

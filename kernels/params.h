@@ -1,0 +1,82 @@
+#pragma once
+// Plain data that describes one kernel launch: op codes, resolved shapes, quantization layouts.
+// No functions and no CUDA headers: built by host code compiled with g++ (mpq's planning code,
+// the Catch2 tests) and consumed by the kernel bodies (kernels/bodies/*.cuh), which only nvcc
+// compiles. Keeping the bodies out of g++ translation units guarantees that the host harness runs
+// nvcc's compilation of them, not a g++ copy of the same inline functions.
+#include <cstdint>
+
+namespace mpq::cuda {
+
+// Largest rank that the broadcasting/shape bodies handle (ONNX models in practice stay <= 6).
+inline constexpr int kMaxRank = 8;
+
+// A 1-D launch: `blocks` x `threads`.
+struct LaunchShape {
+  int64_t blocks = 1, threads = 1;
+};
+
+// Enough blocks to cover n work items, capped (a grid-stride loop covers the rest; the host tests
+// use small caps so that every body's stride loop is exercised).
+inline LaunchShape launch_shape_for(int64_t n, int64_t threads = 256, int64_t max_blocks = 4096) {
+  LaunchShape s;
+  s.threads = threads;
+  const int64_t b = (n + threads - 1) / threads;
+  s.blocks = b < 1 ? 1 : (b > max_blocks ? max_blocks : b);
+  return s;
+}
+
+enum class UnaryOp : int { Relu, Sigmoid, Tanh, Exp, Log, Neg, Abs, Sqrt, Erf, Gelu, Reciprocal, Identity };
+enum class BinaryOp : int { Add, Sub, Mul, Div, Max, Min, Pow };
+enum class ReduceOp : int { Sum, Mean, Max, Min };
+enum class ResizeCoord : int { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric };
+enum class ResizeNearest : int { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
+
+// Output dims and per-input element strides (0 along broadcast dimensions), from
+// make_broadcast2() (kernels/plan_shape.h).
+struct Broadcast2 {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t a_stride[kMaxRank] = {};
+  int64_t b_stride[kMaxRank] = {};
+};
+
+// Output dims and, per output dimension, the input step in elements, plus the input offset of
+// output element 0 (Slice: start*stride and step*stride; Transpose: permuted strides, base 0).
+struct StridedView {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t in_step[kMaxRank] = {};
+  int64_t base = 0;
+};
+
+struct Pool2dGeom {
+  int64_t planes = 1;  // N * C
+  int64_t ih = 1, iw = 1, oh = 1, ow = 1;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
+  int64_t pad_t = 0, pad_l = 0, pad_b = 0, pad_r = 0;
+};
+
+struct Resize2dGeom {
+  bool linear = false;
+  ResizeCoord coord = ResizeCoord::HalfPixel;
+  ResizeNearest nearest = ResizeNearest::RoundPreferFloor;
+  int64_t planes = 1, ih = 1, iw = 1, oh = 1, ow = 1;
+  double scale_h = 1.0, scale_w = 1.0;
+};
+
+// X viewed as [outer, channels, inner]; channel c uses scale[c] and zero_point[c] (zero_point may
+// be null: all zeros). Pointers are device pointers on the GPU, host pointers in the harness.
+struct QuantLayout {
+  int64_t outer = 1, channels = 1, inner = 1;
+  const float* scale = nullptr;
+  const int32_t* zero_point = nullptr;
+  int32_t qmin = -128, qmax = 127;
+};
+
+struct MinMaxPartial {
+  float lo, hi;
+  unsigned long long nonfinite;
+};
+
+}  // namespace mpq::cuda

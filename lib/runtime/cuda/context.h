@@ -1,0 +1,51 @@
+#pragma once
+// What one executor needs to run on a GPU: the plugin, one stream of its own, the device memory
+// backend and a caching allocator on that stream, and the log of ops that fell back to the CPU.
+// The executor does not use it yet (docs/gpu.md, "not written yet"); NEVER RUN on a GPU yet.
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "kernels/cuda_api.h"
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/plugin_backend.h"
+
+namespace mpq::rt::gpu {
+
+// Ops without a CUDA kernel run on the CPU with their inputs copied over and outputs copied back;
+// that is logged once per op type (not per node or per run), with the reason.
+class FallbackLog {
+ public:
+  // True the first time `op` is noted (and then it logs a warning).
+  bool note(const std::string& op, const std::string& reason);
+  std::set<std::string> ops() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::string> seen_;
+};
+
+class CudaContext {
+ public:
+  // Throws mpq::Error (BadInput: "--device cuda: ...") when the plugin is missing or the stream
+  // cannot be created (no device, driver too old).
+  CudaContext();
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  void* stream() const { return stream_; }
+  CachingAllocator& allocator() { return *allocator_; }
+  DeviceMemoryBackend& backend() { return *backend_; }
+  FallbackLog& fallbacks() { return fallbacks_; }
+
+ private:
+  const cuda::CudaApi* api_ = nullptr;
+  void* stream_ = nullptr;
+  std::unique_ptr<PluginMemoryBackend> backend_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  FallbackLog fallbacks_;
+};
+
+}  // namespace mpq::rt::gpu

@@ -1,0 +1,316 @@
+#include "runtime/cuda/node_plan.h"
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace mpq::rt::cuda_plan {
+
+const char* launch_kind_name(LaunchKind k) {
+  switch (k) {
+    case LaunchKind::Fallback: return "cpu-fallback";
+    case LaunchKind::Unary: return "unary";
+    case LaunchKind::Binary: return "binary";
+    case LaunchKind::Reduce: return "reduce";
+    case LaunchKind::Softmax: return "softmax";
+    case LaunchKind::LayerNorm: return "layer-norm";
+    case LaunchKind::Pool2d: return "pool2d";
+    case LaunchKind::Resize2d: return "resize2d";
+    case LaunchKind::Gather: return "gather";
+    case LaunchKind::StridedCopy: return "strided-copy";
+    case LaunchKind::Concat: return "concat";
+    case LaunchKind::Quantize: return "quantize";
+    case LaunchKind::Dequantize: return "dequantize";
+    case LaunchKind::FakeQuant: return "fake-quant";
+    case LaunchKind::Gemm: return "cublaslt-gemm";
+    case LaunchKind::Conv: return "cudnn-conv";
+  }
+  return "?";
+}
+
+namespace {
+
+NodeLaunch fallback(std::string why) {
+  NodeLaunch l;
+  l.reason = std::move(why);
+  return l;
+}
+
+int64_t norm_axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
+
+std::vector<int64_t> ints_of(const Tensor* t) {
+  std::vector<int64_t> v;
+  if (t)
+    for (int64_t i = 0; i < t->numel(); ++i) v.push_back(static_cast<int64_t>(t->get_double(i)));
+  return v;
+}
+
+const std::map<std::string, cuda::UnaryOp>& unary_ops() {
+  static const std::map<std::string, cuda::UnaryOp> m = {
+      {"Relu", cuda::UnaryOp::Relu}, {"Sigmoid", cuda::UnaryOp::Sigmoid},       {"Tanh", cuda::UnaryOp::Tanh},
+      {"Exp", cuda::UnaryOp::Exp},   {"Log", cuda::UnaryOp::Log},               {"Neg", cuda::UnaryOp::Neg},
+      {"Abs", cuda::UnaryOp::Abs},   {"Sqrt", cuda::UnaryOp::Sqrt},             {"Erf", cuda::UnaryOp::Erf},
+      {"Gelu", cuda::UnaryOp::Gelu}, {"Reciprocal", cuda::UnaryOp::Reciprocal}, {"Identity", cuda::UnaryOp::Identity}};
+  return m;
+}
+
+const std::map<std::string, cuda::BinaryOp>& binary_ops() {
+  static const std::map<std::string, cuda::BinaryOp> m = {{"Add", cuda::BinaryOp::Add}, {"Sub", cuda::BinaryOp::Sub},
+                                                          {"Mul", cuda::BinaryOp::Mul}, {"Div", cuda::BinaryOp::Div},
+                                                          {"Max", cuda::BinaryOp::Max}, {"Min", cuda::BinaryOp::Min},
+                                                          {"Pow", cuda::BinaryOp::Pow}};
+  return m;
+}
+
+const std::map<std::string, cuda::ReduceOp>& reduce_ops() {
+  static const std::map<std::string, cuda::ReduceOp> m = {{"ReduceSum", cuda::ReduceOp::Sum},
+                                                          {"ReduceMean", cuda::ReduceOp::Mean},
+                                                          {"ReduceMax", cuda::ReduceOp::Max},
+                                                          {"ReduceMin", cuda::ReduceOp::Min}};
+  return m;
+}
+
+NodeLaunch plan_quant(const ir::Node& node, const std::vector<Shape>& shapes, LaunchKind kind) {
+  NodeLaunch l;
+  l.kind = kind;
+  l.out_shape = shapes[0];
+  if (node.attr_int("block_size", 0) != 0) return fallback("blocked quantization (block_size)");
+  const Shape& s = shapes.size() > 1 ? shapes[1] : Shape{};
+  const int64_t n = shape_numel(s);
+  l.quant_channels = n;
+  if (n > 1) {
+    if (shapes[0].empty()) return fallback("per-axis scale on a scalar");
+    const int64_t ax = norm_axis(node.attr_int("axis", 1), shapes[0].size());
+    if (ax < 0 || ax >= static_cast<int64_t>(shapes[0].size()) || shapes[0][ax] != n)
+      fail_input("{}: scale of {} values does not match axis {} of {}", node.label(), n, ax, shape_str(shapes[0]));
+    l.axis = axis_view(shapes[0], ax);
+  } else {
+    l.axis = AxisView{shape_numel(shapes[0]), 1, 1};
+  }
+  return l;
+}
+
+}  // namespace
+
+NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
+                     const std::vector<const Tensor*>& inputs) {
+  const std::string& op = node.op_type;
+  const bool mpq_domain = node.domain == "mpq";
+  if (!node.domain.empty() && !mpq_domain) return fallback("domain '" + node.domain + "'");
+  if (shapes.empty()) return fallback("no inputs");
+  // The bodies are FP32 (Q/DQ also read or write 8-bit integers).
+  const bool q_in = op == "DequantizeLinear";
+  if (!q_in && dtypes[0] != DType::Float32) return fallback(std::string("input type ") + dtype_name(dtypes[0]));
+  for (const Shape& s : shapes)
+    if (s.size() > static_cast<size_t>(cuda::kMaxRank)) return fallback("rank above 8");
+  auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
+
+  NodeLaunch l;
+  if (auto u = unary_ops().find(op); u != unary_ops().end() && !mpq_domain) {
+    if (op == "Gelu" && node.attr_string("approximate", "none") != "none") return fallback("Gelu approximate=tanh");
+    l.kind = LaunchKind::Unary;
+    l.unary = u->second;
+    l.out_shape = shapes[0];
+    return l;
+  }
+  if (auto b = binary_ops().find(op); b != binary_ops().end() && !mpq_domain) {
+    if (shapes.size() != 2) return fallback("variadic form with " + std::to_string(shapes.size()) + " inputs");
+    if (dtypes[1] != DType::Float32) return fallback("mixed input types");
+    l.kind = LaunchKind::Binary;
+    l.binary = b->second;
+    l.broadcast = make_broadcast2(shapes[0], shapes[1], &l.out_shape);
+    return l;
+  }
+  if (auto r = reduce_ops().find(op); r != reduce_ops().end() && !mpq_domain) {
+    std::vector<int64_t> axes = node.attr_ints("axes");
+    if ((op == "ReduceSum" && opset >= 13) || opset >= 18) {
+      if (shapes.size() > 1 && dtypes[1] != DType::Undefined) {
+        if (!input(1)) return fallback("axes not constant");
+        axes = ints_of(input(1));
+      }
+    }
+    if (axes.size() != 1) return fallback(axes.empty() ? "reduction over all axes" : "reduction over several axes");
+    const int64_t ax = norm_axis(axes[0], shapes[0].size());
+    l.kind = LaunchKind::Reduce;
+    l.reduce = r->second;
+    l.axis = axis_view(shapes[0], ax);
+    l.out_shape = shapes[0];
+    if (node.attr_int("keepdims", 1)) l.out_shape[ax] = 1;
+    else l.out_shape.erase(l.out_shape.begin() + ax);
+    return l;
+  }
+  if (op == "Softmax" || op == "LogSoftmax") {
+    if (opset < 13) return fallback("opset < 13 softmax (flattened trailing block)");
+    l.kind = LaunchKind::Softmax;
+    l.log_softmax = op == "LogSoftmax";
+    l.axis = axis_view(shapes[0], node.attr_int("axis", -1));
+    l.out_shape = shapes[0];
+    return l;
+  }
+  if (op == "LayerNormalization") {
+    const int64_t ax = norm_axis(node.attr_int("axis", -1), shapes[0].size());
+    if (ax != static_cast<int64_t>(shapes[0].size()) - 1) return fallback("normalization over more than the last axis");
+    if (shapes.size() < 2 || shapes[1] != Shape{shapes[0].back()}) return fallback("scale not of the last axis' size");
+    if (shapes.size() > 2 && dtypes[2] != DType::Undefined && shapes[2] != Shape{shapes[0].back()})
+      return fallback("bias not of the last axis' size");
+    if (node.attr_int("stash_type", 1) != 1) return fallback("stash_type other than float");
+    l.kind = LaunchKind::LayerNorm;
+    l.axis = AxisView{shape_numel(shapes[0]) / shapes[0].back(), shapes[0].back(), 1};
+    l.epsilon = node.attr_float("epsilon", 1e-5f);
+    l.out_shape = shapes[0];
+    return l;
+  }
+  if (op == "MaxPool" || op == "AveragePool") {
+    if (shapes[0].size() != 4) return fallback("pooling that is not 2-D");
+    if (node.attr_string("auto_pad", "NOTSET") != "NOTSET") return fallback("auto_pad");
+    if (node.num_outputs() > 1 && node.output(1)) return fallback("MaxPool indices output");
+    if (op == "AveragePool" && node.has_attr("dilations")) return fallback("AveragePool dilations");
+    l.kind = LaunchKind::Pool2d;
+    l.pool_max = op == "MaxPool";
+    l.count_include_pad = node.attr_int("count_include_pad", 0) != 0;
+    l.pool = make_pool2d_geom(shapes[0], node.attr_ints("kernel_shape"), node.attr_ints("strides"), node.attr_ints("dilations"),
+                              node.attr_ints("pads"), node.attr_int("ceil_mode", 0) != 0);
+    l.out_shape = {shapes[0][0], shapes[0][1], l.pool.oh, l.pool.ow};
+    return l;
+  }
+  if (op == "Resize") {
+    if (opset < 13) return fallback("Resize before opset 13");
+    if (shapes[0].size() != 4) return fallback("Resize of a tensor that is not 4-D");
+    if (node.has_attr("axes") || node.attr_int("antialias", 0) != 0) return fallback("Resize axes/antialias");
+    const std::string mode = node.attr_string("mode", "nearest");
+    if (mode != "nearest" && mode != "linear") return fallback("Resize mode " + mode);
+    static const std::map<std::string, cuda::ResizeCoord> coords = {
+        {"half_pixel", cuda::ResizeCoord::HalfPixel}, {"pytorch_half_pixel", cuda::ResizeCoord::PytorchHalfPixel},
+        {"align_corners", cuda::ResizeCoord::AlignCorners}, {"asymmetric", cuda::ResizeCoord::Asymmetric}};
+    static const std::map<std::string, cuda::ResizeNearest> nearest = {
+        {"round_prefer_floor", cuda::ResizeNearest::RoundPreferFloor}, {"round_prefer_ceil", cuda::ResizeNearest::RoundPreferCeil},
+        {"floor", cuda::ResizeNearest::Floor}, {"ceil", cuda::ResizeNearest::Ceil}};
+    const std::string coord = node.attr_string("coordinate_transformation_mode", "half_pixel");
+    const std::string nm = node.attr_string("nearest_mode", "round_prefer_floor");
+    if (!coords.count(coord)) return fallback("Resize coordinate_transformation_mode " + coord);
+    if (!nearest.count(nm)) return fallback("Resize nearest_mode " + nm);
+    cuda::Resize2dGeom& g = l.resize;
+    g.linear = mode == "linear";
+    g.coord = coords.at(coord);
+    g.nearest = nearest.at(nm);
+    g.planes = shapes[0][0] * shapes[0][1];
+    g.ih = shapes[0][2];
+    g.iw = shapes[0][3];
+    const Tensor* sc = input(2);
+    const Tensor* sz = input(3);
+    if (sc && sc->numel() == 4) {
+      if (sc->get_double(0) != 1.0 || sc->get_double(1) != 1.0) return fallback("Resize of the batch or channel axis");
+      const float sh = static_cast<float>(sc->get_double(2)), sw = static_cast<float>(sc->get_double(3));
+      if (!(sh > 0.0f) || !(sw > 0.0f)) fail_input("{}: Resize scales must be positive", node.label());
+      // As the CPU kernel: the output length is floor(scale * length) in float.
+      g.oh = static_cast<int64_t>(std::floor(sh * static_cast<float>(g.ih)));
+      g.ow = static_cast<int64_t>(std::floor(sw * static_cast<float>(g.iw)));
+      g.scale_h = sh;
+      g.scale_w = sw;
+    } else if (sz && sz->numel() == 4) {
+      if (opset >= 18 && node.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch")
+        return fallback("Resize keep_aspect_ratio_policy");
+      if (sz->get_double(0) != static_cast<double>(shapes[0][0]) || sz->get_double(1) != static_cast<double>(shapes[0][1]))
+        return fallback("Resize of the batch or channel axis");
+      g.oh = static_cast<int64_t>(sz->get_double(2));
+      g.ow = static_cast<int64_t>(sz->get_double(3));
+      g.scale_h = static_cast<double>(g.oh) / static_cast<double>(g.ih);
+      g.scale_w = static_cast<double>(g.ow) / static_cast<double>(g.iw);
+    } else {
+      return fallback("Resize scales/sizes not constant");
+    }
+    l.kind = LaunchKind::Resize2d;
+    l.out_shape = {shapes[0][0], shapes[0][1], g.oh, g.ow};
+    return l;
+  }
+  if (op == "Transpose") {
+    l.kind = LaunchKind::StridedCopy;
+    l.view = make_transpose_view(shapes[0], node.attr_ints("perm"), &l.out_shape);
+    return l;
+  }
+  if (op == "Slice") {
+    if (opset < 10) return fallback("opset < 10 Slice");
+    for (size_t i = 1; i < shapes.size(); ++i)
+      if (dtypes[i] != DType::Undefined && !input(i)) return fallback("starts/ends/axes/steps not constant");
+    l.kind = LaunchKind::StridedCopy;
+    l.view = make_slice_view(shapes[0], ints_of(input(1)), ints_of(input(2)), ints_of(input(3)), ints_of(input(4)),
+                             &l.out_shape);
+    return l;
+  }
+  if (op == "Gather") {
+    if (dtypes[1] != DType::Int64) return fallback("indices not int64");
+    const int64_t ax = norm_axis(node.attr_int("axis", 0), shapes[0].size());
+    l.kind = LaunchKind::Gather;
+    l.axis = axis_view(shapes[0], ax);
+    l.out_shape.assign(shapes[0].begin(), shapes[0].begin() + ax);
+    l.out_shape.insert(l.out_shape.end(), shapes[1].begin(), shapes[1].end());
+    l.out_shape.insert(l.out_shape.end(), shapes[0].begin() + ax + 1, shapes[0].end());
+    return l;
+  }
+  if (op == "Concat") {
+    const int64_t ax = norm_axis(node.attr_int("axis", 0), shapes[0].size());
+    l.kind = LaunchKind::Concat;
+    l.out_shape = shapes[0];
+    l.out_shape[ax] = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (dtypes[i] != DType::Float32) return fallback("mixed input types");
+      l.out_shape[ax] += shapes[i][ax];
+    }
+    l.axis = axis_view(l.out_shape, ax);
+    return l;
+  }
+  if (op == "QuantizeLinear") {
+    const DType out = shapes.size() > 2 && dtypes[2] != DType::Undefined ? dtypes[2] : DType::UInt8;
+    if (out != DType::Int8 && out != DType::UInt8) return fallback(std::string("quantized type ") + dtype_name(out));
+    return plan_quant(node, shapes, LaunchKind::Quantize);
+  }
+  if (op == "DequantizeLinear") {
+    if (dtypes[0] != DType::Int8 && dtypes[0] != DType::UInt8 && dtypes[0] != DType::Int32)
+      return fallback(std::string("quantized type ") + dtype_name(dtypes[0]));
+    return plan_quant(node, shapes, LaunchKind::Dequantize);
+  }
+  if (op == "FakeQuant" && mpq_domain) return plan_quant(node, shapes, LaunchKind::FakeQuant);
+  if (op == "MatMul" || op == "Gemm") {
+    const Shape& a = shapes[0];
+    const Shape& b = shapes[1];
+    if (dtypes[1] != DType::Float32) return fallback("mixed input types");
+    GemmRequest r;
+    if (op == "Gemm") {
+      if (a.size() != 2 || b.size() != 2) fail_input("{}: Gemm needs 2-D operands", node.label());
+      r.trans_a = node.attr_int("transA", 0) != 0;
+      r.trans_b = node.attr_int("transB", 0) != 0;
+      if (shapes.size() > 2 && dtypes[2] != DType::Undefined) return fallback("Gemm with C (bias epilogue not written)");
+      if (node.attr_float("alpha", 1.0f) != 1.0f) return fallback("Gemm alpha != 1");
+      r.m = r.trans_a ? a[1] : a[0];
+      r.k = r.trans_a ? a[0] : a[1];
+      r.n = r.trans_b ? b[0] : b[1];
+      l.out_shape = {r.m, r.n};
+    } else {
+      if (a.size() < 2 || b.size() != 2) return fallback("MatMul with a 1-D operand or a batched B");
+      r.k = a.back();
+      if (b[0] != r.k) fail_input("{}: MatMul inner dimensions {} and {} differ", node.label(), r.k, b[0]);
+      r.m = shape_numel(a) / r.k;  // batch dimensions of A fold into M
+      r.n = b[1];
+      l.out_shape = a;
+      l.out_shape.back() = r.n;
+    }
+    l.gemm = plan_gemm(r);
+    if (!l.gemm.use_cublaslt) return fallback("cuBLASLt: " + l.gemm.fallback_reason);
+    l.kind = LaunchKind::Gemm;
+    return l;
+  }
+  if (op == "Conv") {
+    if (node.attr_string("auto_pad", "NOTSET") != "NOTSET") return fallback("auto_pad");
+    ConvRequest r{shapes[0], shapes[1], node.attr_ints("strides"), node.attr_ints("dilations"), node.attr_ints("pads"),
+                  node.attr_int("group", 1)};
+    l.conv = plan_conv(r);
+    l.out_shape = l.conv.y_shape;
+    if (!l.conv.use_cudnn) return fallback("cuDNN: " + l.conv.fallback_reason);
+    l.kind = LaunchKind::Conv;
+    return l;
+  }
+  return fallback("no CUDA kernel");
+}
+
+}  // namespace mpq::rt::cuda_plan

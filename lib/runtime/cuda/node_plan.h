@@ -1,0 +1,65 @@
+#pragma once
+// The CUDA executor's per-node decision, made on the host: which shared kernel body (or cuBLASLt /
+// cuDNN plan) runs an ONNX node with these input shapes and types, with what launch parameters -
+// or why it falls back to the CPU kernel (logged once per op type by gpu::FallbackLog). Pure host
+// logic, unit-tested against the CPU kernels' output shapes (tests/runtime/cuda_node_plan_test.cpp).
+// The executor does not call it yet (docs/gpu.md).
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ir/graph.h"
+#include "kernels/params.h"
+#include "runtime/cuda/plan_conv.h"
+#include "runtime/cuda/plan_gemm.h"
+#include "runtime/cuda/plan_shape.h"
+
+namespace mpq::rt::cuda_plan {
+
+enum class LaunchKind {
+  Fallback,
+  Unary,
+  Binary,
+  Reduce,
+  Softmax,
+  LayerNorm,
+  Pool2d,
+  Resize2d,
+  Gather,
+  StridedCopy,  // Transpose, Slice
+  Concat,
+  Quantize,
+  Dequantize,
+  FakeQuant,
+  Gemm,
+  Conv,
+};
+const char* launch_kind_name(LaunchKind k);
+
+struct NodeLaunch {
+  LaunchKind kind = LaunchKind::Fallback;
+  std::string reason;  // Fallback: why the CPU runs it
+  Shape out_shape;
+  cuda::UnaryOp unary = cuda::UnaryOp::Identity;
+  cuda::BinaryOp binary = cuda::BinaryOp::Add;
+  cuda::ReduceOp reduce = cuda::ReduceOp::Sum;
+  bool log_softmax = false;
+  AxisView axis;  // Reduce / Softmax / Gather / Concat (of the output for Concat)
+  cuda::Broadcast2 broadcast;
+  cuda::StridedView view;
+  cuda::Pool2dGeom pool;
+  bool pool_max = false, count_include_pad = false;
+  cuda::Resize2dGeom resize;
+  float epsilon = 1e-5f;
+  int64_t quant_channels = 1;  // Q/DQ/FakeQuant: scale length (1: per tensor)
+  GemmPlan gemm;
+  ConvPlan conv;
+};
+
+// `inputs`: the node's input tensors where known at planning time (constant initializers such as
+// Resize scales, Slice starts, Reshape shapes; null otherwise), `shapes` / `dtypes` for every input
+// (omitted optional inputs: empty shape and DType::Undefined). `opset`: the node's domain version.
+NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
+                     const std::vector<const Tensor*>& inputs);
+
+}  // namespace mpq::rt::cuda_plan

@@ -1,0 +1,31 @@
+#pragma once
+// Runs one node planned by plan_node() through a kernel table: allocates the outputs from the
+// caching allocator, wires the plan's parameters into the kernel entry point, checks the launch
+// status (errors name the node and op). With the plugin's gpu_ops_table() and real device memory
+// this is the CUDA executor's inner step (NEVER RUN on a GPU yet); the tests point it at
+// host_ops_table() and a host-memory backend, so the whole path from ONNX node to kernel body is
+// checked against the CPU kernels here (tests/cuda/node_runner_test.cpp).
+#include <vector>
+
+#include "core/tensor.h"
+#include "ir/graph.h"
+#include "kernels/ops_table.h"
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/node_plan.h"
+
+namespace mpq::rt::gpu {
+
+struct KernelRuntime {
+  const cuda::OpsTable& ops;
+  CachingAllocator& alloc;
+  DeviceMemoryBackend& backend;
+  void* stream = nullptr;
+};
+
+// `inputs`: device tensors (undefined for omitted optional inputs). Returns one device tensor per
+// node output (LayerNormalization: Y, Mean, InvStdDev). Throws Unsupported for launch kinds whose
+// execution is not written (Gemm, Conv, Fallback): the caller runs the CPU kernel instead.
+std::vector<Tensor> run_planned_node(const cuda_plan::NodeLaunch& l, const ir::Node& node, const std::vector<Tensor>& inputs,
+                                     KernelRuntime& rt);
+
+}  // namespace mpq::rt::gpu

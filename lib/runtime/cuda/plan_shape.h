@@ -1,0 +1,37 @@
+#pragma once
+// Host-side planning for the shared CUDA kernel bodies: turns ONNX shapes and attributes into the
+// plain launch descriptions of kernels/params.h. Compiled by g++ into mpq_runtime (no CUDA headers),
+// so it is unit-tested on every machine; tests/cuda/ runs the bodies on these plans.
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/params.h"
+
+namespace mpq::rt::cuda_plan {
+
+// numpy broadcasting of A and B: output shape into *out, strides 0 along broadcast dimensions.
+// BadInput when the shapes do not broadcast or the rank exceeds cuda::kMaxRank.
+cuda::Broadcast2 make_broadcast2(const Shape& a, const Shape& b, Shape* out);
+
+// Transpose by `perm` (empty: reverse the dimensions); output shape into *out.
+cuda::StridedView make_transpose_view(const Shape& in, const std::vector<int64_t>& perm, Shape* out);
+
+// ONNX Slice (opset >= 10): starts/ends clamped per ONNX (negative values count from the end,
+// steps may be negative, never 0); axes empty means 0..k-1. Output shape into *out.
+cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                                  const std::vector<int64_t>& axes, const std::vector<int64_t>& steps, Shape* out);
+
+// [outer, n, inner] view of `shape` around `axis` (negative counts from the end).
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+AxisView axis_view(const Shape& shape, int64_t axis);
+
+// 2-D pooling over NCHW (kernel, strides, dilations: 2 values or empty for 1; pads: 4 values
+// [top, left, bottom, right] or empty), output sizes as rt::cpu::pool_output_size.
+cuda::Pool2dGeom make_pool2d_geom(const Shape& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                  const std::vector<int64_t>& dilations, const std::vector<int64_t>& pads,
+                                  bool ceil_mode);
+
+}  // namespace mpq::rt::cuda_plan

@@ -1,0 +1,25 @@
+#pragma once
+// DeviceMemoryBackend over the CUDA plugin's function table (kernels/cuda_api.h, version 2):
+// what the caching allocator and device tensors use on a real GPU. NEVER RUN on a GPU yet.
+#include "kernels/cuda_api.h"
+#include "runtime/cuda/caching_allocator.h"
+
+namespace mpq::rt::gpu {
+
+class PluginMemoryBackend : public DeviceMemoryBackend {
+ public:
+  explicit PluginMemoryBackend(const cuda::CudaApi& api) : api_(api) {}
+  int allocate(void** ptr, size_t bytes) override { return api_.device_malloc(ptr, bytes); }
+  int release(void* ptr) override { return api_.device_free(ptr); }
+  int copy(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) override {
+    return api_.memcpy_async(dst, src, bytes, kind == CopyKind::HostToDevice ? 0 : (kind == CopyKind::DeviceToHost ? 1 : 2),
+                             stream);
+  }
+  int synchronize(void* stream) override { return api_.stream_synchronize(stream); }
+  std::string error_text(int code) override { return api_.error_string ? api_.error_string(code) : std::string(); }
+
+ private:
+  const cuda::CudaApi& api_;
+};
+
+}  // namespace mpq::rt::gpu

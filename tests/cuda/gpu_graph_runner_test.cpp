@@ -1,0 +1,13 @@
+// The test models through the CUDA graph runner with the GPU launchers and cudaMalloc memory,
+// against mpq's CPU executor (model_cases.h). Skipped, with the reason, without a GPU. NEVER RUN
+// on a GPU yet (docs/gpu.md).
+#include "gpu_support.h"
+#include "model_cases.h"
+
+using namespace mpq;
+
+TEST_CASE("test models run through the CUDA graph runner on the GPU launchers", "[cuda][gpu][runner]") {
+  MPQ_REQUIRE_GPU();
+  test::CudaMemory mem;
+  test::run_model_cases(mpq::cuda::gpu_ops_table(), mem);
+}

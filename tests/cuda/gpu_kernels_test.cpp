@@ -1,0 +1,147 @@
+// The __global__ launchers (kernels/gpu_*.cu) against the host harness running the same bodies:
+// results must be identical (same code, same per-thread order), except the atomics in the
+// histogram, whose counts must still match. Needs a GPU: skipped with the reason elsewhere.
+// NEVER RUN YET on a GPU as of this commit (see docs/gpu.md).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "gpu_support.h"
+#include "host_grid.h"
+#include "kernels/ops.h"
+#include "runtime/cuda/plan_shape.h"
+#include "test_util.h"
+
+using namespace mpq;
+using test::DeviceBuf;
+
+namespace {
+
+std::vector<float> rnd(size_t n, uint32_t seed, float lo = -2, float hi = 2) {
+  const Tensor t = test::random_tensor({static_cast<int64_t>(n)}, seed, lo, hi);
+  return std::vector<float>(t.data<float>(), t.data<float>() + n);
+}
+
+bool identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Runs `op` (a host:: or gpu:: entry point taking (x, y, ctx)) on both sides and compares.
+template <class Host, class Gpu>
+void same_on_both(const std::vector<float>& x, size_t ny, Host host, Gpu gpu) {
+  for (const cuda::LaunchCtx& c : test::launches_for(static_cast<int64_t>(ny))) {
+    INFO("launch " << test::launch_str(c));
+    std::vector<float> want = test::nan_filled(ny);
+    REQUIRE(host(x.data(), want.data(), c) == 0);
+    DeviceBuf<float> dx(x), dy(test::nan_filled(ny));
+    REQUIRE(gpu(dx.get(), dy.get(), c) == 0);
+    CHECK(identical(dy.download(), want));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU elementwise, reduction and softmax launchers match the host harness", "[cuda][gpu]") {
+  MPQ_REQUIRE_GPU();
+  const std::vector<float> x = rnd(3 * 7 * 5, 1);
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::unary(cuda::UnaryOp::Gelu, a, y, 105, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::unary(cuda::UnaryOp::Gelu, a, y, 105, c); });
+  Shape out;
+  const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2({3, 7, 5}, {7, 1}, &out);
+  const std::vector<float> b = rnd(7, 2, 0.5f, 2);
+  DeviceBuf<float> db(b);
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::binary(cuda::BinaryOp::Div, bc, a, b.data(), y, 105, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::binary(cuda::BinaryOp::Div, bc, a, db.get(), y, 105, c); });
+  same_on_both(x, 15, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::reduce(cuda::ReduceOp::Mean, a, y, 3, 7, 5, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::reduce(cuda::ReduceOp::Mean, a, y, 3, 7, 5, c); });
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::softmax(false, a, y, 3, 7, 5, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::softmax(false, a, y, 3, 7, 5, c); });
+  const std::vector<float> g = rnd(5, 3), be = rnd(5, 4);
+  DeviceBuf<float> dg(g), dbe(be);
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::layer_norm(a, g.data(), be.data(), y, nullptr, nullptr, 21, 5, 1e-5f, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm(a, dg.get(), dbe.get(), y, nullptr, nullptr, 21, 5, 1e-5f, c); });
+}
+
+TEST_CASE("GPU pooling, resize and data-movement launchers match the host harness", "[cuda][gpu]") {
+  MPQ_REQUIRE_GPU();
+  const std::vector<float> x = rnd(2 * 3 * 9 * 8, 5);
+  const cuda::Pool2dGeom pg = rt::cuda_plan::make_pool2d_geom({2, 3, 9, 8}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, true);
+  const size_t np = static_cast<size_t>(pg.planes * pg.oh * pg.ow);
+  for (bool is_max : {true, false})
+    same_on_both(x, np, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::pool2d(is_max, true, pg, a, y, c); },
+                 [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::pool2d(is_max, true, pg, a, y, c); });
+  cuda::Resize2dGeom rg;
+  rg.linear = true;
+  rg.planes = 6;
+  rg.ih = 9;
+  rg.iw = 8;
+  rg.oh = 13;
+  rg.ow = 5;
+  rg.scale_h = 13.0 / 9;
+  rg.scale_w = 5.0 / 8;
+  same_on_both(x, 6 * 13 * 5, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::resize2d(rg, a, y, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::resize2d(rg, a, y, c); });
+  Shape out;
+  const cuda::StridedView tv = rt::cuda_plan::make_transpose_view({2, 3, 9, 8}, {3, 1, 0, 2}, &out);
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::strided_copy(tv, a, y, 432, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::strided_copy(tv, a, y, 432, c); });
+  const std::vector<int64_t> idx = {-1, 0, 5, 5};
+  DeviceBuf<int64_t> didx(idx);
+  DeviceBuf<int> dbad(std::vector<int>{0});
+  int bad = 0;
+  same_on_both(x, 2 * 3 * 4 * 8, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::gather(a, idx.data(), y, 6, 9, 8, 4, &bad, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::gather(a, didx.get(), y, 6, 9, 8, 4, dbad.get(), c); });
+  CHECK(dbad.download()[0] == 0);
+}
+
+TEST_CASE("GPU quantization and statistics launchers match the host harness", "[cuda][gpu]") {
+  MPQ_REQUIRE_GPU();
+  std::vector<float> x = rnd(4 * 5 * 33, 6, -3, 3);
+  const std::vector<float> scale = {0.01f, 0.02f, 0.005f, 0.03f, 0.011f};
+  const std::vector<int32_t> zp = {0, 3, -2, 1, 0};
+  DeviceBuf<float> dscale(scale);
+  DeviceBuf<int32_t> dzp(zp);
+  cuda::QuantLayout hl{4, 5, 33, scale.data(), zp.data(), -128, 127};
+  cuda::QuantLayout dl{4, 5, 33, dscale.get(), dzp.get(), -128, 127};
+  same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::fake_quant(hl, a, y, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::fake_quant(dl, a, y, c); });
+  const cuda::LaunchCtx c{cuda::launch_shape_for(static_cast<int64_t>(x.size()), 128)};
+  std::vector<int8_t> hq(x.size());
+  REQUIRE(cuda::host::quantize(hl, x.data(), hq.data(), c) == 0);
+  DeviceBuf<float> dx(x);
+  DeviceBuf<int8_t> dq(x.size());
+  REQUIRE(cuda::gpu::quantize(dl, dx.get(), dq.get(), c) == 0);
+  CHECK(dq.download() == hq);
+  // Backward: dx and the per-element LSQ terms, then the per-channel sum.
+  const std::vector<float> dy = rnd(x.size(), 7);
+  std::vector<float> hdx(x.size());
+  std::vector<double> hterms(x.size());
+  REQUIRE(cuda::host::fake_quant_backward(hl, x.data(), dy.data(), hdx.data(), hterms.data(), c) == 0);
+  DeviceBuf<float> ddy(dy), ddx(x.size());
+  DeviceBuf<double> dterms(x.size());
+  REQUIRE(cuda::gpu::fake_quant_backward(dl, dx.get(), ddy.get(), ddx.get(), dterms.get(), c) == 0);
+  CHECK(identical(ddx.download(), hdx));
+  CHECK(dterms.download() == hterms);
+  std::vector<float> hsum(5);
+  DeviceBuf<float> dsum(5);
+  REQUIRE(cuda::host::channel_sum(4, 5, 33, hterms.data(), nullptr, hsum.data(), {cuda::LaunchShape{2, 3}}) == 0);
+  REQUIRE(cuda::gpu::channel_sum(4, 5, 33, dterms.get(), nullptr, dsum.get(), {cuda::LaunchShape{2, 3}}) == 0);
+  CHECK(identical(dsum.download(), hsum));
+  // Min/max (two passes) and the histogram (device atomics).
+  const int64_t threads = c.shape.blocks * c.shape.threads;
+  std::vector<cuda::MinMaxPartial> hp(static_cast<size_t>(threads));
+  cuda::MinMaxPartial hmm{};
+  REQUIRE(cuda::host::min_max(x.data(), static_cast<int64_t>(x.size()), hp.data(), &hmm, c) == 0);
+  DeviceBuf<cuda::MinMaxPartial> dp(static_cast<size_t>(threads)), dmm(1);
+  REQUIRE(cuda::gpu::min_max(dx.get(), static_cast<int64_t>(x.size()), dp.get(), dmm.get(), c) == 0);
+  const cuda::MinMaxPartial got = dmm.download()[0];
+  CHECK(got.lo == hmm.lo);
+  CHECK(got.hi == hmm.hi);
+  CHECK(got.nonfinite == hmm.nonfinite);
+  std::vector<unsigned long long> hcounts(256, 0);
+  REQUIRE(cuda::host::histogram(x.data(), static_cast<int64_t>(x.size()), 128 / 4.0f, 128, hcounts.data(), c) == 0);
+  DeviceBuf<unsigned long long> dcounts(std::vector<unsigned long long>(256, 0));
+  REQUIRE(cuda::gpu::histogram(dx.get(), static_cast<int64_t>(x.size()), 128 / 4.0f, 128, dcounts.get(), c) == 0);
+  CHECK(dcounts.download() == hcounts);
+}

@@ -1,0 +1,322 @@
+// The shared CUDA kernel bodies (kernels/bodies/*.cuh) run on the host by the nvcc-compiled
+// harness (kernels/host_harness.cu) over several launch shapes each (tests/cuda/host_grid.h),
+// against mpq's CPU kernels run through the executor (and the naive references of
+// runtime/cpu/reference.h for pooling). Odd shapes and fixed seeds throughout. Always runs: no GPU
+// is involved. Quantization and statistics bodies are in quant_bodies_test.cpp.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "host_grid.h"
+#include "kernels/ops.h"
+#include "runtime/cpu/reference.h"
+#include "runtime/cuda/plan_shape.h"
+#include "test_util.h"
+
+using namespace mpq;
+using Attrs = std::vector<ir::Attribute>;
+namespace plan = mpq::rt::cuda_plan;
+
+namespace {
+
+Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
+
+// Runs `launch` for every launch shape and compares its output with `expected`.
+template <class F>
+void check_all_launches(const Tensor& expected, double rtol, double atol, F launch) {
+  const int64_t n = expected.numel();
+  for (const cuda::LaunchCtx& c : test::launches_for(n)) {
+    std::vector<float> y = test::nan_filled(static_cast<size_t>(n));
+    REQUIRE(launch(y.data(), c) == 0);
+    const int64_t bad = test::first_mismatch(y.data(), expected.data<float>(), n, rtol, atol);
+    INFO("launch " << test::launch_str(c) << ", element " << bad);
+    if (bad >= 0) INFO("got " << y[bad] << ", expected " << expected.data<float>()[bad]);
+    CHECK(bad == -1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
+  struct Case {
+    const char* op;
+    cuda::UnaryOp code;
+    float lo, hi;
+  };
+  const Case cases[] = {{"Relu", cuda::UnaryOp::Relu, -2, 2},     {"Sigmoid", cuda::UnaryOp::Sigmoid, -9, 9},
+                        {"Tanh", cuda::UnaryOp::Tanh, -4, 4},     {"Exp", cuda::UnaryOp::Exp, -8, 8},
+                        {"Log", cuda::UnaryOp::Log, 0.01f, 50},   {"Neg", cuda::UnaryOp::Neg, -3, 3},
+                        {"Abs", cuda::UnaryOp::Abs, -3, 3},       {"Sqrt", cuda::UnaryOp::Sqrt, 0, 9},
+                        {"Erf", cuda::UnaryOp::Erf, -3, 3},       {"Reciprocal", cuda::UnaryOp::Reciprocal, 0.1f, 4},
+                        {"Identity", cuda::UnaryOp::Identity, -1, 1}};
+  uint32_t seed = 11;
+  for (const Case& k : cases) {
+    INFO(k.op);
+    const Tensor x = test::random_tensor({3, 5, 7}, seed++, k.lo, k.hi);
+    const Tensor want = test::run_node(k.op, {x}, {}, 1, 13, 2).at(0);
+    check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+      return cuda::host::unary(k.code, x.data<float>(), y, x.numel(), c);
+    });
+  }
+  SECTION("Gelu (erf form) against a double reference") {
+    const Tensor x = test::random_tensor({37}, 5, -5, 5);
+    Tensor want(DType::Float32, {37});
+    for (int i = 0; i < 37; ++i) {
+      const double v = x.data<float>()[i];
+      want.data<float>()[i] = static_cast<float>(0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
+    }
+    check_all_launches(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+      return cuda::host::unary(cuda::UnaryOp::Gelu, x.data<float>(), y, 37, c);
+    });
+  }
+}
+
+TEST_CASE("binary bodies broadcast as the CPU kernels do", "[cuda][host_bodies]") {
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{2, 1, 5, 3}, {4, 1, 3}}, {{7}, {3, 1}}, {{1}, {2, 3, 5}}, {{3, 5}, {3, 5}}, {{2, 3, 1, 1, 3}, {1, 1, 4, 5, 1}}};
+  struct Case {
+    const char* op;
+    cuda::BinaryOp code;
+  };
+  const Case ops[] = {{"Add", cuda::BinaryOp::Add}, {"Sub", cuda::BinaryOp::Sub}, {"Mul", cuda::BinaryOp::Mul},
+                      {"Div", cuda::BinaryOp::Div}, {"Max", cuda::BinaryOp::Max}, {"Min", cuda::BinaryOp::Min},
+                      {"Pow", cuda::BinaryOp::Pow}};
+  uint32_t seed = 100;
+  for (const auto& [sa, sb] : shapes)
+    for (const Case& k : ops) {
+      INFO(k.op << " " << shape_str(sa) << " with " << shape_str(sb));
+      const bool pow = k.code == cuda::BinaryOp::Pow;
+      const Tensor a = test::random_tensor(sa, seed++, pow ? 0.1f : -2, 2);
+      const Tensor b = test::random_tensor(sb, seed++, pow ? -2.0f : 0.5f, pow ? 2.0f : 3.0f);
+      const Tensor want = test::run_node(k.op, {a, b}, {}, 1, 13, 2).at(0);
+      Shape out;
+      const cuda::Broadcast2 bc = plan::make_broadcast2(sa, sb, &out);
+      REQUIRE(out == want.shape());
+      check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::binary(k.code, bc, a.data<float>(), b.data<float>(), y, want.numel(), c);
+      });
+    }
+  Shape out;
+  CHECK_THROWS_AS(plan::make_broadcast2({3, 4}, {5, 4}, &out), Error);
+}
+
+TEST_CASE("reduction bodies match ReduceSum/Mean/Max/Min over every axis", "[cuda][host_bodies]") {
+  const Shape shape{3, 4, 5, 2};
+  const Tensor x = test::random_tensor(shape, 21, -3, 3);
+  struct Case {
+    const char* op;
+    cuda::ReduceOp code;
+  };
+  const Case ops[] = {{"ReduceSum", cuda::ReduceOp::Sum}, {"ReduceMean", cuda::ReduceOp::Mean},
+                      {"ReduceMax", cuda::ReduceOp::Max}, {"ReduceMin", cuda::ReduceOp::Min}};
+  for (const Case& k : ops)
+    for (int64_t axis = 0; axis < 4; ++axis) {
+      INFO(k.op << " axis " << axis);
+      Tensor want = k.code == cuda::ReduceOp::Sum
+                        ? test::run_node(k.op, {x, i64({1}, {axis})}, {ir::Attribute::make_int("keepdims", 1)}, 1, 13, 2).at(0)
+                        : test::run_node(k.op, {x}, {ir::Attribute::make_ints("axes", {axis})}, 1, 13, 2).at(0);
+      const plan::AxisView v = plan::axis_view(shape, axis);
+      check_all_launches(want, 1e-6, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::reduce(k.code, x.data<float>(), y, v.outer, v.n, v.inner, c);
+      });
+    }
+}
+
+TEST_CASE("softmax bodies match Softmax and LogSoftmax (opset 13) on every axis", "[cuda][host_bodies]") {
+  const Shape shape{3, 7, 5};
+  Tensor x = test::random_tensor(shape, 31, -6, 6);
+  x.data<float>()[4] = 80.0f;  // large values: the max subtraction must keep exp finite
+  for (const char* op : {"Softmax", "LogSoftmax"})
+    for (int64_t axis = -3; axis < 3; ++axis) {
+      INFO(op << " axis " << axis);
+      const Tensor want = test::run_node(op, {x}, {ir::Attribute::make_int("axis", axis)}, 1, 13, 2).at(0);
+      const plan::AxisView v = plan::axis_view(shape, axis);
+      check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::softmax(std::string(op) == "LogSoftmax", x.data<float>(), y, v.outer, v.n, v.inner, c);
+      });
+    }
+}
+
+TEST_CASE("layer norm body matches LayerNormalization (Y, Mean, InvStdDev)", "[cuda][host_bodies]") {
+  const Tensor x = test::random_tensor({3, 5, 13}, 41, -2, 4);
+  const Tensor gamma = test::random_tensor({13}, 42, 0.5f, 1.5f);
+  const Tensor beta = test::random_tensor({13}, 43, -1, 1);
+  const float eps = 1e-5f;
+  const std::vector<Tensor> want =
+      test::run_node("LayerNormalization", {x, gamma, beta}, {ir::Attribute::make_int("axis", -1),
+                                                             ir::Attribute::make_float("epsilon", eps)},
+                     3, 17, 2);
+  for (const cuda::LaunchCtx& c : test::launches_for(15)) {
+    INFO("launch " << test::launch_str(c));
+    std::vector<float> y = test::nan_filled(3 * 5 * 13), mean = test::nan_filled(15), inv = test::nan_filled(15);
+    REQUIRE(cuda::host::layer_norm(x.data<float>(), gamma.data<float>(), beta.data<float>(), y.data(), mean.data(),
+                                   inv.data(), 15, 13, eps, c) == 0);
+    CHECK(test::first_mismatch(y.data(), want[0].data<float>(), 195, 1e-5, 1e-6) == -1);
+    CHECK(test::first_mismatch(mean.data(), want[1].data<float>(), 15, 1e-6, 1e-7) == -1);
+    CHECK(test::first_mismatch(inv.data(), want[2].data<float>(), 15, 1e-5, 1e-7) == -1);
+  }
+}
+
+TEST_CASE("pooling bodies match the naive references", "[cuda][host_bodies]") {
+  const Shape shape{2, 3, 9, 8};
+  const Tensor x = test::random_tensor(shape, 51, -5, 5);
+  struct Geo {
+    std::vector<int64_t> kernel, strides, dilations, pads;
+    bool ceil;
+  };
+  const Geo geos[] = {{{3, 2}, {2, 1}, {}, {1, 0, 1, 1}, false},
+                      {{3, 3}, {2, 3}, {}, {1, 1, 0, 2}, true},
+                      {{2, 3}, {1, 2}, {2, 1}, {0, 1, 1, 0}, true},
+                      {{9, 8}, {}, {}, {}, false}};
+  for (const Geo& geo : geos) {
+    rt::cpu::WindowGeometry g;
+    g.kernel = geo.kernel;
+    g.strides = geo.strides;
+    g.dilations = geo.dilations;
+    g.pads = geo.pads;
+    g.ceil_mode = geo.ceil;
+    const cuda::Pool2dGeom pg = plan::make_pool2d_geom(shape, geo.kernel, geo.strides, geo.dilations, geo.pads, geo.ceil);
+    INFO("kernel " << geo.kernel[0] << "x" << geo.kernel[1] << " ceil " << geo.ceil);
+    const Tensor want_max = rt::cpu::max_pool_ref(x, g);
+    REQUIRE(want_max.numel() == pg.planes * pg.oh * pg.ow);
+    check_all_launches(want_max, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+      return cuda::host::pool2d(true, false, pg, x.data<float>(), y, c);
+    });
+    if (!geo.dilations.empty()) continue;  // AveragePool has dilations only from opset 19
+    for (bool cip : {false, true}) {
+      INFO("count_include_pad " << cip);
+      const Tensor want_avg = rt::cpu::avg_pool_ref(x, g, cip);
+      check_all_launches(want_avg, 1e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::pool2d(false, cip, pg, x.data<float>(), y, c);
+      });
+    }
+  }
+}
+
+TEST_CASE("resize bodies match Resize (nearest and linear)", "[cuda][host_bodies]") {
+  const Tensor x = test::random_tensor({2, 3, 5, 7}, 61, -2, 2);
+  struct Coord {
+    const char* name;
+    cuda::ResizeCoord code;
+  };
+  const Coord coords[] = {{"half_pixel", cuda::ResizeCoord::HalfPixel},
+                          {"pytorch_half_pixel", cuda::ResizeCoord::PytorchHalfPixel},
+                          {"align_corners", cuda::ResizeCoord::AlignCorners},
+                          {"asymmetric", cuda::ResizeCoord::Asymmetric}};
+  struct Near {
+    const char* name;
+    cuda::ResizeNearest code;
+  };
+  const Near nears[] = {{"round_prefer_floor", cuda::ResizeNearest::RoundPreferFloor},
+                        {"round_prefer_ceil", cuda::ResizeNearest::RoundPreferCeil},
+                        {"floor", cuda::ResizeNearest::Floor},
+                        {"ceil", cuda::ResizeNearest::Ceil}};
+  const std::vector<std::pair<float, float>> scales = {{2.0f, 1.5f}, {0.6f, 0.43f}, {1.0f, 3.0f}};
+  for (const auto& [sh, sw] : scales)
+    for (const Coord& co : coords)
+      for (bool linear : {false, true})
+        for (const Near& ne : nears) {
+          if (linear && ne.code != cuda::ResizeNearest::RoundPreferFloor) continue;
+          INFO("scales " << sh << "x" << sw << " " << co.name << (linear ? " linear" : " nearest ") << (linear ? "" : ne.name));
+          const Tensor sc = Tensor::from<float>({4}, {1.0f, 1.0f, sh, sw});
+          const Tensor want =
+              test::run_node("Resize", {x, Tensor(), sc},
+                             {ir::Attribute::make_string("mode", linear ? "linear" : "nearest"),
+                              ir::Attribute::make_string("coordinate_transformation_mode", co.name),
+                              ir::Attribute::make_string("nearest_mode", ne.name)},
+                             1, 13, 2)
+                  .at(0);
+          cuda::Resize2dGeom g;
+          g.linear = linear;
+          g.coord = co.code;
+          g.nearest = ne.code;
+          g.planes = 6;
+          g.ih = 5;
+          g.iw = 7;
+          g.oh = want.dim(2);
+          g.ow = want.dim(3);
+          g.scale_h = sh;
+          g.scale_w = sw;
+          check_all_launches(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+            return cuda::host::resize2d(g, x.data<float>(), y, c);
+          });
+        }
+}
+
+TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[cuda][host_bodies]") {
+  const Tensor x = test::random_tensor({3, 7, 4}, 71, -1, 1);
+  SECTION("Gather on each axis, negative indices") {
+    for (int64_t axis = 0; axis < 3; ++axis) {
+      INFO("axis " << axis);
+      const std::vector<int64_t> idx = {-1, 0, 2, 2, 1};
+      const Tensor want = test::run_node("Gather", {x, i64({5}, idx)}, {ir::Attribute::make_int("axis", axis)}, 1, 13, 2).at(0);
+      const plan::AxisView v = plan::axis_view(x.shape(), axis);
+      int bad = 0;
+      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::gather(x.data<float>(), idx.data(), y, v.outer, v.n, v.inner, 5, &bad, c);
+      });
+      CHECK(bad == 0);
+    }
+    const std::vector<int64_t> out_of_range = {0, 7};
+    std::vector<float> y(3 * 2 * 4);
+    int bad = 0;
+    REQUIRE(cuda::host::gather(x.data<float>(), out_of_range.data(), y.data(), 3, 7, 4, 2, &bad, {cuda::LaunchShape{2, 5}}) == 0);
+    CHECK(bad == 1);
+  }
+  SECTION("Slice with negative starts, steps and clamping") {
+    struct Case {
+      std::vector<int64_t> starts, ends, axes, steps;
+    };
+    const Case cases[] = {{{1, 2}, {3, 7}, {0, 1}, {1, 2}},
+                          {{-1}, {-100}, {1}, {-2}},
+                          {{0, -3, 1}, {100, -1, 4}, {0, 1, 2}, {2, 1, 3}},
+                          {{2}, {1}, {2}, {1}},
+                          {{5, 3}, {0, -10}, {1, -3}, {-1, -1}}};
+    for (const Case& k : cases) {
+      const Tensor want = test::run_node("Slice",
+                                         {x, i64({static_cast<int64_t>(k.starts.size())}, k.starts),
+                                          i64({static_cast<int64_t>(k.ends.size())}, k.ends),
+                                          i64({static_cast<int64_t>(k.axes.size())}, k.axes),
+                                          i64({static_cast<int64_t>(k.steps.size())}, k.steps)},
+                                         {}, 1, 13, 2)
+                             .at(0);
+      Shape out;
+      const cuda::StridedView v = plan::make_slice_view(x.shape(), k.starts, k.ends, k.axes, k.steps, &out);
+      INFO("slice to " << shape_str(want.shape()));
+      REQUIRE(out == want.shape());
+      if (want.numel() == 0) continue;
+      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::strided_copy(v, x.data<float>(), y, want.numel(), c);
+      });
+    }
+  }
+  SECTION("Transpose, every permutation of a rank-4 tensor") {
+    const Tensor x4 = test::random_tensor({2, 3, 1, 5}, 72);
+    std::vector<int64_t> perm = {0, 1, 2, 3};
+    do {
+      const Tensor want = test::run_node("Transpose", {x4}, {ir::Attribute::make_ints("perm", perm)}, 1, 13, 2).at(0);
+      Shape out;
+      const cuda::StridedView v = plan::make_transpose_view(x4.shape(), perm, &out);
+      REQUIRE(out == want.shape());
+      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::strided_copy(v, x4.data<float>(), y, want.numel(), c);
+      });
+    } while (std::next_permutation(perm.begin(), perm.end()));
+  }
+  SECTION("Concat on the middle axis") {
+    const Tensor a = test::random_tensor({2, 3, 4}, 73), b = test::random_tensor({2, 1, 4}, 74),
+                 d = test::random_tensor({2, 5, 4}, 75);
+    const Tensor want = test::run_node("Concat", {a, b, d}, {ir::Attribute::make_int("axis", 1)}, 1, 13, 2).at(0);
+    check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+      int64_t offset = 0;
+      for (const Tensor* t : {&a, &b, &d}) {
+        if (int e = cuda::host::concat_part(t->data<float>(), y, 2, t->dim(1), 4, 9, offset, c)) return e;
+        offset += t->dim(1);
+      }
+      return 0;
+    });
+  }
+}

@@ -1,0 +1,124 @@
+#pragma once
+// Shared by node_runner_test (host kernel table, host memory) and gpu_node_runner_test (GPU
+// launchers, device memory): ONNX nodes planned by plan_node, run by run_planned_node, compared
+// with mpq's CPU kernels (bit-exact for the quantization ops).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/ops_table.h"
+#include "runtime/cuda/device_tensor.h"
+#include "runtime/cuda/node_plan.h"
+#include "runtime/cuda/node_runner.h"
+#include "test_util.h"
+
+namespace mpq::test {
+
+using rt::gpu::CachingAllocator;
+using rt::gpu::CopyKind;
+using rt::gpu::DeviceMemoryBackend;
+using rt::gpu::KernelRuntime;
+using rt::gpu::to_device;
+using rt::gpu::to_host;
+using rt::gpu::run_planned_node;
+using Attrs = std::vector<ir::Attribute>;
+
+
+struct HostMemory : DeviceMemoryBackend {
+  int allocate(void** p, size_t bytes) override {
+    *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    return *p ? 0 : 2;
+  }
+  int release(void* p) override {
+    std::free(p);
+    return 0;
+  }
+  int copy(void* dst, const void* src, size_t bytes, CopyKind, void*) override {
+    std::memcpy(dst, src, bytes);
+    return 0;
+  }
+  int synchronize(void*) override { return 0; }
+};
+
+inline Tensor f(Shape s, uint32_t seed, float lo = -2, float hi = 2) { return test::random_tensor(s, seed, lo, hi); }
+inline Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
+
+inline void check_node(const cuda::OpsTable& table, DeviceMemoryBackend& mem, const std::string& op, const std::vector<Tensor>& ins, const Attrs& attrs, int opset, size_t n_out = 1,
+                const std::string& domain = "", double rtol = 2e-6) {
+  INFO(op);
+  CachingAllocator alloc(mem);
+  KernelRuntime rt{table, alloc, mem, nullptr};
+  ir::Model m;
+  m.set_opset("", opset);
+  ir::Graph* g = m.graph.get();
+  std::vector<ir::Value*> vals;
+  for (size_t i = 0; i < ins.size(); ++i) vals.push_back(ins[i].defined() ? g->add_value("in" + std::to_string(i)) : nullptr);
+  std::vector<ir::Value*> outs;
+  for (size_t i = 0; i < n_out; ++i) outs.push_back(g->add_value("out" + std::to_string(i)));
+  ir::Node* node = g->add_node(op, vals, outs, "node_under_test", domain);
+  for (const auto& a : attrs) node->set_attr(a);
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<const Tensor*> consts;
+  std::vector<Tensor> dev;
+  for (const Tensor& t : ins) {
+    shapes.push_back(t.defined() ? t.shape() : Shape{});
+    dtypes.push_back(t.defined() ? t.dtype() : DType::Undefined);
+    consts.push_back(t.defined() ? &t : nullptr);
+    dev.push_back(t.defined() ? to_device(t, alloc, mem, nullptr, "in", "Input") : Tensor());
+  }
+  const rt::cuda_plan::NodeLaunch l = rt::cuda_plan::plan_node(*node, domain.empty() ? opset : 1, shapes, dtypes, consts);
+  INFO("plan: " << rt::cuda_plan::launch_kind_name(l.kind) << " " << l.reason);
+  REQUIRE(l.kind != rt::cuda_plan::LaunchKind::Fallback);
+  const std::vector<Tensor> got = run_planned_node(l, *node, dev, rt);
+  const std::vector<Tensor> want = test::run_node(op, ins, attrs, n_out, opset, 1, domain);
+  REQUIRE(got.size() >= n_out);
+  for (size_t i = 0; i < n_out; ++i) {
+    INFO("output " << i);
+    CHECK(got[i].device() == Device::CUDA);
+    const Tensor h = to_host(got[i], mem, nullptr, "out", "Output");
+    REQUIRE(h.shape() == want[i].shape());
+    REQUIRE(h.dtype() == want[i].dtype());
+    for (int64_t k = 0; k < h.numel(); ++k) {
+      INFO("element " << k);
+      const double a = h.get_double(k), b = want[i].get_double(k);
+      REQUIRE(std::fabs(a - b) <= 1e-7 + rtol * std::fabs(b));
+    }
+  }
+}
+
+
+// The node cases both runner tests use (host kernel table here, GPU launchers on a GPU).
+inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
+  check_node(t, mem, "Sigmoid", {f({3, 5}, 1)}, {}, 13);
+  check_node(t, mem, "Mul", {f({2, 1, 5}, 2), f({3, 1}, 3)}, {}, 13);
+  check_node(t, mem, "ReduceMax", {f({2, 3, 4}, 4)}, {ir::Attribute::make_ints("axes", {-2})}, 13);
+  check_node(t, mem, "LogSoftmax", {f({2, 3, 4}, 5)}, {ir::Attribute::make_int("axis", 0)}, 13);
+  check_node(t, mem, "LayerNormalization", {f({3, 7}, 6), f({7}, 7), f({7}, 8)}, {ir::Attribute::make_float("epsilon", 1e-3f)}, 17, 3,
+             "", 1e-5);
+  check_node(t, mem, "AveragePool", {f({1, 2, 7, 6}, 9)},
+             {ir::Attribute::make_ints("kernel_shape", {3, 2}), ir::Attribute::make_ints("pads", {1, 1, 1, 0}),
+              ir::Attribute::make_int("count_include_pad", 1)},
+             13);
+  check_node(t, mem, "Resize", {f({1, 2, 5, 7}, 10), Tensor(), Tensor::from<float>({4}, {1, 1, 1.6f, 0.6f})},
+             {ir::Attribute::make_string("mode", "linear"), ir::Attribute::make_string("coordinate_transformation_mode", "align_corners")},
+             13, 1, "", 1e-5);
+  check_node(t, mem, "Transpose", {f({2, 3, 4}, 11)}, {ir::Attribute::make_ints("perm", {1, 2, 0})}, 13);
+  check_node(t, mem, "Slice", {f({5, 6}, 12), i64({1}, {-1}), i64({1}, {-7}), i64({1}, {1}), i64({1}, {-2})}, {}, 13);
+  check_node(t, mem, "Gather", {f({5, 6}, 13), i64({3}, {4, -5, 0})}, {}, 13);
+  check_node(t, mem, "Concat", {f({2, 3}, 14), f({2, 2}, 15), f({2, 1}, 16)}, {ir::Attribute::make_int("axis", -1)}, 13);
+  check_node(t, mem, "QuantizeLinear", {f({2, 3, 4}, 17), Tensor::from<float>({3}, {0.01f, 0.02f, 0.03f}), Tensor::from<int8_t>({3}, {0, 5, -3})},
+             {ir::Attribute::make_int("axis", 1)}, 13, 1, "", 0);
+  check_node(t, mem, "QuantizeLinear", {f({7}, 18), Tensor::scalar<float>(0.02f), Tensor::scalar<uint8_t>(128)}, {}, 13, 1, "", 0);
+  check_node(t, mem, "DequantizeLinear", {Tensor::from<uint8_t>({4}, {0, 7, 128, 255}), Tensor::scalar<float>(0.5f), Tensor::scalar<uint8_t>(3)},
+             {}, 13, 1, "", 0);
+  check_node(t, mem, "FakeQuant", {f({2, 3, 5}, 19), Tensor::from<float>({3}, {0.01f, 0.02f, 0.05f}), Tensor::from<int32_t>({3}, {0, 1, -1})},
+             {ir::Attribute::make_int("qmin", -7), ir::Attribute::make_int("qmax", 7), ir::Attribute::make_int("axis", 1)}, 13, 1,
+             "mpq", 0);
+}
+
+}  // namespace mpq::test

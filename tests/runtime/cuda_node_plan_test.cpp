@@ -1,0 +1,111 @@
+// The CUDA per-node decision (runtime/cuda/node_plan.h): for supported nodes, the launch kind and
+// an output shape equal to what mpq's CPU kernel produces; for the rest, a CPU fallback with a
+// reason. Host logic only.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/node_plan.h"
+#include "test_util.h"
+
+using namespace mpq;
+using namespace mpq::rt::cuda_plan;
+using Attrs = std::vector<ir::Attribute>;
+
+namespace {
+
+NodeLaunch plan(const std::string& op, const std::vector<Tensor>& ins, const Attrs& attrs, int opset,
+                const std::string& domain = "") {
+  ir::Model m;
+  m.set_opset("", opset);
+  ir::Graph* g = m.graph.get();
+  std::vector<ir::Value*> vals;
+  for (size_t i = 0; i < ins.size(); ++i) vals.push_back(ins[i].defined() ? g->add_value("in" + std::to_string(i)) : nullptr);
+  ir::Value* out = g->add_value("y");
+  ir::Node* n = g->add_node(op, vals, {out}, "node_under_test", domain);
+  for (const auto& a : attrs) n->set_attr(a);
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : ins) {
+    shapes.push_back(t.defined() ? t.shape() : Shape{});
+    dtypes.push_back(t.defined() ? t.dtype() : DType::Undefined);
+    ptrs.push_back(t.defined() ? &t : nullptr);
+  }
+  return plan_node(*n, domain.empty() ? opset : 1, shapes, dtypes, ptrs);
+}
+
+// Planned on CUDA with the CPU kernel's output shape.
+void check_planned(const std::string& op, const std::vector<Tensor>& ins, const Attrs& attrs, int opset, LaunchKind kind,
+                   const std::string& domain = "") {
+  INFO(op);
+  const NodeLaunch l = plan(op, ins, attrs, opset, domain);
+  INFO("fallback reason: " << l.reason);
+  REQUIRE(l.kind == kind);
+  const Tensor cpu = test::run_node(op, ins, attrs, 1, opset, 1, domain).at(0);
+  CHECK(l.out_shape == cpu.shape());
+}
+
+Tensor f(Shape s, uint32_t seed = 1) { return test::random_tensor(s, seed); }
+Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
+
+}  // namespace
+
+TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cuda_plan]") {
+  check_planned("Relu", {f({2, 3})}, {}, 13, LaunchKind::Unary);
+  check_planned("Add", {f({2, 1, 5}), f({3, 1})}, {}, 13, LaunchKind::Binary);
+  check_planned("ReduceMean", {f({2, 3, 4})}, {ir::Attribute::make_ints("axes", {1}), ir::Attribute::make_int("keepdims", 0)}, 13,
+                LaunchKind::Reduce);
+  check_planned("ReduceSum", {f({2, 3, 4}), i64({1}, {-1})}, {}, 13, LaunchKind::Reduce);
+  check_planned("Softmax", {f({2, 3, 4})}, {ir::Attribute::make_int("axis", 1)}, 13, LaunchKind::Softmax);
+  check_planned("LayerNormalization", {f({2, 3, 4}), f({4}), f({4})}, {}, 17, LaunchKind::LayerNorm);
+  check_planned("MaxPool", {f({1, 2, 7, 6})},
+                {ir::Attribute::make_ints("kernel_shape", {3, 2}), ir::Attribute::make_ints("strides", {2, 2}),
+                 ir::Attribute::make_ints("pads", {1, 0, 1, 1}), ir::Attribute::make_int("ceil_mode", 1)},
+                13, LaunchKind::Pool2d);
+  check_planned("Transpose", {f({2, 3, 4})}, {ir::Attribute::make_ints("perm", {2, 0, 1})}, 13, LaunchKind::StridedCopy);
+  check_planned("Slice", {f({5, 6}), i64({2}, {1, -1}), i64({2}, {4, 0}), i64({2}, {0, 1}), i64({2}, {2, -2})}, {}, 13,
+                LaunchKind::StridedCopy);
+  check_planned("Gather", {f({5, 6}), i64({2, 2}, {0, 4, -1, 2})}, {ir::Attribute::make_int("axis", 1)}, 13, LaunchKind::Gather);
+  check_planned("Concat", {f({2, 3}), f({2, 1})}, {ir::Attribute::make_int("axis", 1)}, 13, LaunchKind::Concat);
+  check_planned("QuantizeLinear", {f({2, 3}), Tensor::from<float>({3}, {0.1f, 0.2f, 0.3f}), Tensor::from<int8_t>({3}, {0, 1, 2})}, {}, 13,
+                LaunchKind::Quantize);
+  check_planned("DequantizeLinear", {Tensor::from<uint8_t>({2}, {3, 4}), Tensor::scalar<float>(0.5f), Tensor::scalar<uint8_t>(1)}, {}, 13,
+                LaunchKind::Dequantize);
+  check_planned("FakeQuant", {f({2, 3}), Tensor::scalar<float>(0.1f), Tensor::scalar<int32_t>(0)}, {}, 13, LaunchKind::FakeQuant,
+                "mpq");
+  check_planned("MatMul", {f({2, 3, 4}), f({4, 5})}, {}, 13, LaunchKind::Gemm);
+  check_planned("Gemm", {f({4, 3}), f({5, 4})}, {ir::Attribute::make_int("transA", 1), ir::Attribute::make_int("transB", 1)}, 13,
+                LaunchKind::Gemm);
+  check_planned("Conv", {f({1, 4, 9, 9}), f({6, 2, 3, 3})},
+                {ir::Attribute::make_int("group", 2), ir::Attribute::make_ints("pads", {1, 1, 1, 1}),
+                 ir::Attribute::make_ints("strides", {2, 2})},
+                13, LaunchKind::Conv);
+  check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor::from<float>({4}, {1, 1, 2.0f, 0.43f})},
+                {ir::Attribute::make_string("mode", "linear")}, 13, LaunchKind::Resize2d);
+  check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor(), i64({4}, {1, 2, 3, 11})},
+                {ir::Attribute::make_string("coordinate_transformation_mode", "asymmetric")}, 13, LaunchKind::Resize2d);
+  const NodeLaunch mm = plan("MatMul", {f({2, 3, 4}), f({4, 5})}, {}, 13);
+  CHECK(mm.gemm.n == 6);  // batch folded into M (cuBLASLt's n)
+}
+
+TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") {
+  auto reason = [](const NodeLaunch& l) {
+    CHECK(l.kind == LaunchKind::Fallback);
+    return l.reason;
+  };
+  CHECK(reason(plan("TopK", {f({4}), i64({1}, {2})}, {}, 13)) == "no CUDA kernel");
+  CHECK(reason(plan("Relu", {Tensor::from<double>({2}, {1.0, 2.0})}, {}, 13)) == "input type float64");
+  CHECK(reason(plan("Softmax", {f({2, 3})}, {}, 11)).find("opset < 13") != std::string::npos);
+  CHECK(reason(plan("ReduceSum", {f({2, 3})}, {ir::Attribute::make_ints("axes", {0, 1})}, 11)).find("several axes") !=
+        std::string::npos);
+  CHECK(reason(plan("Gemm", {f({2, 3}), f({3, 4}), f({4})}, {}, 13)).find("bias epilogue") != std::string::npos);
+  CHECK(reason(plan("Conv", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_ints("pads", {0, 1, 1, 1})}, 13))
+            .find("asymmetric") != std::string::npos);
+  CHECK(reason(plan("MaxPool", {f({1, 2, 5, 5, 5})}, {ir::Attribute::make_ints("kernel_shape", {2, 2, 2})}, 13))
+            .find("2-D") != std::string::npos);
+  CHECK(reason(plan("Add", {f(Shape(9, 1)), f({1})}, {}, 13)) == "rank above 8");
+  CHECK(reason(plan("Relu", {f({2})}, {}, 13, "com.microsoft")).find("domain") != std::string::npos);
+  CHECK(std::string(launch_kind_name(LaunchKind::Fallback)) == "cpu-fallback");
+}
