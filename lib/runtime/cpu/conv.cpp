@@ -391,25 +391,7 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
 
 // The oneDNN description of a 1-D/2-D convolution (g in its rank-3 form, leading dimension 1).
 DnnlConvShape dnnl_shape(int64_t N, int64_t C, int64_t M, int64_t G, const Window3& g, bool bias, const Epilogue& e) {
-  DnnlConvShape s;
-  s.n = N;
-  s.c = C;
-  s.m = M;
-  s.group = G;
-  s.ih = g.in[1];
-  s.iw = g.in[2];
-  s.kh = g.k[1];
-  s.kw = g.k[2];
-  s.sh = g.s[1];
-  s.sw = g.s[2];
-  s.dh = g.d[1];
-  s.dw = g.d[2];
-  s.pt = g.pb[1];
-  s.pl = g.pb[2];
-  s.pb = g.pe[1];
-  s.pr = g.pe[2];
-  s.oh = g.out[1];
-  s.ow = g.out[2];
+  DnnlConvShape s = dnnl_conv_shape(N, C, M, G, g);
   s.bias = bias;
   s.residual = e.z != nullptr;
   using A = Epilogue::Act;

@@ -1,4 +1,5 @@
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/conv_onednn.h"
 
 #include <algorithm>
 
@@ -135,6 +136,29 @@ Window3 to_window3(const Window& w) {
     }
   }
   return r;
+}
+
+DnnlConvShape dnnl_conv_shape(int64_t n, int64_t c, int64_t m, int64_t group, const Window3& g) {
+  DnnlConvShape s;
+  s.n = n;
+  s.c = c;
+  s.m = m;
+  s.group = group;
+  s.ih = g.in[1];
+  s.iw = g.in[2];
+  s.kh = g.k[1];
+  s.kw = g.k[2];
+  s.sh = g.s[1];
+  s.sw = g.s[2];
+  s.dh = g.d[1];
+  s.dw = g.d[2];
+  s.pt = g.pb[1];
+  s.pl = g.pb[2];
+  s.pb = g.pe[1];
+  s.pr = g.pe[2];
+  s.oh = g.out[1];
+  s.ow = g.out[2];
+  return s;
 }
 
 }  // namespace mpq::rt::cpu

@@ -15,6 +15,8 @@ class ThreadPool;
 
 namespace mpq::rt::cpu {
 
+struct Window3;
+
 // The activation of mpq::FusedConv, applied as a oneDNN post-op.
 enum class DnnlAct { None, Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh, HardSwish };
 
@@ -28,6 +30,10 @@ struct DnnlConvShape {
   DnnlAct act = DnnlAct::None;
   float p0 = 0.0f, p1 = 0.0f;
 };
+
+// The geometry of a 1-D/2-D convolution window (g in its rank-3 form, leading dimension 1) as oneDNN
+// takes it; bias, residual and activation are left at their defaults.
+DnnlConvShape dnnl_conv_shape(int64_t n, int64_t c, int64_t m, int64_t group, const Window3& g);
 
 // Whether oneDNN is compiled in and not switched off (MPQ_ONEDNN=0 in the environment runs mpq's
 // own kernels everywhere, for comparisons). Training (inside a DeterministicBlas scope) uses it only

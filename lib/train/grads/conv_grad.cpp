@@ -385,25 +385,7 @@ Window3 full_correlation_window(const Window3& g) {
 bool onednn_dx(rt::ThreadPool& pool, const Window3& g, int64_t N, int64_t C, int64_t M, int64_t G, const float* w,
                const float* dy, float* dx) {
   if (g.in[0] != 1 || g.k[0] != 1) return false;  // 3-D
-  rt::cpu::DnnlConvShape s;
-  s.n = N;
-  s.c = C;
-  s.m = M;
-  s.group = G;
-  s.ih = g.in[1];
-  s.iw = g.in[2];
-  s.kh = g.k[1];
-  s.kw = g.k[2];
-  s.sh = g.s[1];
-  s.sw = g.s[2];
-  s.dh = g.d[1];
-  s.dw = g.d[2];
-  s.pt = g.pb[1];
-  s.pl = g.pb[2];
-  s.pb = g.pe[1];
-  s.pr = g.pe[2];
-  s.oh = g.out[1];
-  s.ow = g.out[2];
+  const rt::cpu::DnnlConvShape s = rt::cpu::dnnl_conv_shape(N, C, M, G, g);
   return rt::cpu::onednn_conv_backward_data(pool, s, w, dy, dx);
 }
 
