@@ -4,17 +4,9 @@
 
 #include "kernels/bodies/shape.cuh"
 #include "kernels/bodies/spatial.cuh"
-#include "kernels/grid.cuh"
-#include "kernels/ops.h"
+#include "kernels/gpu_launch.cuh"
 
 namespace mpq::cuda::gpu {
-
-namespace {
-template <class Body>
-int run(const Body& body, const LaunchCtx& c) {
-  return run_on_device_grid(body, c.shape, c.stream);
-}
-}  // namespace
 
 #include "kernels/ops_data.inc"
 

@@ -3,17 +3,9 @@
 #include <cuda_runtime.h>
 
 #include "kernels/bodies/quant.cuh"
-#include "kernels/grid.cuh"
-#include "kernels/ops.h"
+#include "kernels/gpu_launch.cuh"
 
 namespace mpq::cuda::gpu {
-
-namespace {
-template <class Body>
-int run(const Body& body, const LaunchCtx& c) {
-  return run_on_device_grid(body, c.shape, c.stream);
-}
-}  // namespace
 
 #include "kernels/ops_quant.inc"
 

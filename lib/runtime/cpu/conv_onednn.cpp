@@ -317,18 +317,29 @@ int team_size(const DnnlConvShape& s, int threads) {
   return static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, static_cast<double>(std::max(threads, 1))));
 }
 
-bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
-                         const float* z, float* y) {
-  if (!onednn_enabled() || !allowed_here()) return false;
+namespace {
+
+// The cached plan for `s` (forward or backward-data), or null where mpq's kernels run instead:
+// oneDNN off, not allowed on this thread, measured slower, or no direct kernel for the shape.
+// oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
+// created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
+// so it is set first and is part of the cache key.
+std::shared_ptr<Plan> usable_plan(ThreadPool& pool, const DnnlConvShape& s, bool backward) {
+  if (!onednn_enabled() || !allowed_here()) return nullptr;
   if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
-    return false;
-  // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
-  // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
-  // so it is set first and is part of the cache key.
+    return nullptr;
   const int team = team_size(s, pool.size());
   if (omp_get_max_threads() != team) omp_set_num_threads(team);
-  std::shared_ptr<Plan> p = cache().get(s, team);
-  if (!p->direct) return false;
+  std::shared_ptr<Plan> p = cache().get(s, team, backward);
+  return p->direct ? p : nullptr;
+}
+
+}  // namespace
+
+bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                         const float* z, float* y) {
+  const std::shared_ptr<Plan> p = usable_plan(pool, s, false);
+  if (!p) return false;
   thread_local Scratch s_src, s_wei, s_dst;
   thread_local dnnl::stream stream(engine());
   dnnl::engine& eng = engine();
@@ -361,13 +372,8 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
 }
 
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
-  if (!onednn_enabled() || !allowed_here()) return false;
-  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
-    return false;
-  const int team = team_size(s, pool.size());
-  if (omp_get_max_threads() != team) omp_set_num_threads(team);
-  std::shared_ptr<Plan> p = cache().get(s, team, true);
-  if (!p->direct) return false;
+  const std::shared_ptr<Plan> p = usable_plan(pool, s, true);
+  if (!p) return false;
   thread_local Scratch s_dy, s_wei, s_dx;
   thread_local dnnl::stream stream(engine());
   dnnl::engine& eng = engine();
