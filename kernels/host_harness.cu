@@ -3,10 +3,12 @@
 // through kernels/ops.h and compare with mpq's CPU kernels and references; this is how the bodies
 // are verified on machines without a GPU. Part of the static library mpq_cuda_host, not the plugin.
 #include "kernels/bodies/elementwise.cuh"
+#include "kernels/bodies/linalg.cuh"
 #include "kernels/bodies/quant.cuh"
 #include "kernels/bodies/reduce.cuh"
 #include "kernels/bodies/shape.cuh"
 #include "kernels/bodies/spatial.cuh"
+#include "kernels/bodies/train.cuh"
 #include "kernels/grid.cuh"
 #include "kernels/ops.h"
 #include "kernels/ops_table.h"
@@ -22,7 +24,29 @@ int run(const Body& body, const LaunchCtx& c) {
 
 #include "kernels/ops_data.inc"
 #include "kernels/ops_elementwise.inc"
+#include "kernels/ops_linalg.inc"
 #include "kernels/ops_quant.inc"
+#include "kernels/ops_train.inc"
+
+// The library entries on the host: the direct bodies over the plan's geometry (kernels/lib_ops.h).
+LibStatus gemm(const rt::cuda_plan::GemmPlan& p, const void* a, const void* b, void* c, void*, size_t,
+               const LaunchCtx& ctx) {
+  if (!gemm_is_fp32(p)) return LibStatus{1, kCublasStatusNotSupported, "direct matmul (FP32 only on the host)"};
+  // cuBLASLt's A is mpq's B.
+  matmul(matmul_geom(p), static_cast<const float*>(b), static_cast<const float*>(a), static_cast<float*>(c), ctx);
+  return {};
+}
+LibStatus conv_workspace(const rt::cuda_plan::ConvPlan&, size_t* bytes, const LaunchCtx&) {
+  *bytes = 0;
+  return {};
+}
+LibStatus conv_forward(const rt::cuda_plan::ConvPlan& p, const float* x, const float* w, float* y, void*, size_t,
+                       const LaunchCtx& ctx) {
+  if (p.type != rt::cuda_plan::ConvDataType::F32)
+    return LibStatus{2, kCudnnStatusNotSupported, "direct convolution (FP32 only on the host)"};
+  conv_direct(conv_geom(p), x, w, y, ctx);
+  return {};
+}
 
 }  // namespace mpq::cuda::host
 

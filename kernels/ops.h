@@ -46,7 +46,20 @@ struct LaunchCtx {
                   float* out, const LaunchCtx& c);                                                                  \
   /* partial: one entry per launched thread (blocks * threads); out: one entry */                                  \
   int min_max(const float* x, int64_t n, MinMaxPartial* partial, MinMaxPartial* out, const LaunchCtx& c);          \
-  int histogram(const float* x, int64_t n, float scale, int bins, unsigned long long* counts, const LaunchCtx& c);
+  int histogram(const float* x, int64_t n, float scale, int bins, unsigned long long* counts, const LaunchCtx& c);  \
+  /* direct FP32 matrix product / convolution (kernels/bodies/linalg.cuh) */                                       \
+  int matmul(const MatmulGeom& g, const float* a, const float* b, float* c, const LaunchCtx& ctx);                  \
+  int conv_direct(const ConvGeom& g, const float* x, const float* w, float* y, const LaunchCtx& ctx);               \
+  /* training (kernels/bodies/train.cuh); in_dims: the input's shape aligned to bc.rank */                         \
+  int unary_grad(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n,                \
+                 const LaunchCtx& c);                                                                               \
+  int softmax_grad(bool log, const float* y, const float* dy, float* dx, int64_t outer, int64_t n, int64_t inner,  \
+                   const LaunchCtx& c);                                                                             \
+  int sum_to_shape(const Broadcast2& bc, const int64_t* in_dims, const float* dy, float* din, int64_t in_n,         \
+                   const LaunchCtx& c);                                                                             \
+  int unscale(float inv_scale, float* g, int64_t n, int* found_inf, const LaunchCtx& c);                          \
+  int sgd_step(const SgdStep& s, float* w, const float* g, float* buf, int64_t n, const LaunchCtx& c);            \
+  int adamw_step(const AdamWStep& s, float* w, const float* g, float* m, float* v, int64_t n, const LaunchCtx& c);
 
 namespace host {
 MPQ_CUDA_DECLARE_OPS

@@ -3,6 +3,7 @@
 // by g++ (the CUDA node runner, runtime/cuda/node_runner.h) can be pointed at either side:
 // host_ops_table() (the nvcc host harness, host memory; for the tests) or gpu_ops_table() (the
 // __global__ launchers, device memory; exported by the plugin). Overloads get distinct names.
+#include "kernels/lib_ops.h"
 #include "kernels/ops.h"
 
 namespace mpq::cuda {
@@ -25,6 +26,14 @@ struct OpsTable {
   int (*dequantize_u8)(const QuantLayout&, const uint8_t*, float*, const LaunchCtx&);
   int (*dequantize_i32)(const QuantLayout&, const int32_t*, float*, const LaunchCtx&);
   int (*fake_quant)(const QuantLayout&, const float*, float*, const LaunchCtx&);
+  int (*matmul)(const MatmulGeom&, const float*, const float*, float*, const LaunchCtx&);
+  int (*conv_direct)(const ConvGeom&, const float*, const float*, float*, const LaunchCtx&);
+  // Library-backed entries (kernels/lib_ops.h): cuBLASLt / cuDNN on the GPU, the direct bodies on
+  // the host.
+  LibStatus (*gemm)(const rt::cuda_plan::GemmPlan&, const void*, const void*, void*, void*, size_t, const LaunchCtx&);
+  LibStatus (*conv_workspace)(const rt::cuda_plan::ConvPlan&, size_t*, const LaunchCtx&);
+  LibStatus (*conv_forward)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
+                            const LaunchCtx&);
 };
 
 const OpsTable& host_ops_table();  // in mpq_cuda_host

@@ -79,4 +79,41 @@ struct MinMaxPartial {
   unsigned long long nonfinite;
 };
 
+// One FP32 matrix product as cuBLASLt sees it, column-major: for each batch b,
+// C[b](i, j) = sum_k op(A[b])(i, k) * op(B[b])(k, j), i < m, j < n, with element (r, c) of a
+// matrix at r + c * ld and op() a transpose when trans_*. Built from a cuBLASLt plan
+// (kernels/lib_geom.h), so the same description drives cuBLASLt and the direct body
+// (kernels/bodies/linalg.cuh) that checks the plan on the host and backs cuBLASLt up on the GPU.
+struct MatmulGeom {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// A direct NCDHW convolution (cross-correlation, as ONNX Conv and cuDNN): 2-D has d = 1, 1-D
+// also h = 1. Pads are the leading pads (the plan only takes symmetric padding).
+struct ConvGeom {
+  int64_t n = 1, c = 1, m = 1, group = 1;
+  int64_t id = 1, ih = 1, iw = 1, od = 1, oh = 1, ow = 1;
+  int64_t kd = 1, kh = 1, kw = 1;
+  int64_t sd = 1, sh = 1, sw = 1, pd = 0, ph = 0, pw = 0, dd = 1, dh = 1, dw = 1;
+};
+
+// One SGD step over a parameter tensor, as train::make_sgd does it (scalars resolved on the host:
+// rate = lr * group scale, damp = 1 - dampening). log_space: the parameter is a learned
+// quantization scale stepped multiplicatively (w *= exp(-rate * g * w)).
+struct SgdStep {
+  float rate = 0, weight_decay = 0, momentum = 0, damp = 1;
+  bool nesterov = false, first = false, log_space = false;
+};
+
+// One AdamW step, as train::make_adamw does it: decay = 1 - lr * weight_decay (1 in log space),
+// step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t), all computed in double on the
+// host and rounded once.
+struct AdamWStep {
+  float decay = 1, one_minus_b1 = 0.1f, one_minus_b2 = 0.001f, b2 = 0.999f, step_size = 0, bc2_sqrt = 1, eps = 1e-8f;
+  bool log_space = false;
+};
+
 }  // namespace mpq::cuda

@@ -30,9 +30,9 @@ out=${out:-$build_dir/gpu_bundle/mpq-gpu}
 limit=$((48 * 1024 * 1024))
 
 # Host-run (no GPU needed) and GPU tests of the CUDA backend.
-host_tests=(kernel_bodies_test quant_bodies_test node_runner_test graph_runner_test lib_descriptors_test cuda_plan_test
+host_tests=(kernel_bodies_test quant_bodies_test train_bodies_test node_runner_test graph_runner_test cuda_executor_test cuda_conformance_test lib_descriptors_test cuda_plan_test
             cuda_node_plan_test cuda_allocator_test)
-gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_graph_runner_test)
+gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_graph_runner_test gpu_executor_test gpu_conformance_test)
 # The models the graph runner tests load (tests/cuda/model_cases.h), found through $MPQ_TEST_MODELS.
 runner_models=(resnet_bn_op13 resnet_bn_op17 mobilenetv3_op13 transformer_op13 unet_op13 tiny_bert)
 tests=("${host_tests[@]}" "${gpu_tests[@]}")
@@ -58,6 +58,14 @@ cp "$src/scripts/gpu_check.sh" "$out/"
 cp -r "$src/tests/models/resnet_bn_op13.onnx" "$src/tests/models/resnet_bn_op13_data" "$out/data/"
 mkdir -p "$out/data/models"
 for m in "${runner_models[@]}"; do cp "$src/tests/models/$m.onnx" "$out/data/models/"; done
+# The conformance tests' data (ONNX's backend test cases, $MPQ_TESTDATA) and known failures
+# ($MPQ_SOURCE_DIR/tests/runtime); the test data goes into payload.tar.xz (39 MB, 6 MB packed).
+testdata=$(sed -n 's/^MPQ_TESTDATA_DIR:PATH=//p' "$build_dir/CMakeCache.txt")
+testdata=${testdata:-/usr/share/libonnx-testdata/data}
+[ -d "$testdata/node" ] || { echo "gpu_bundle.sh: ONNX test data not found at $testdata (libonnx-testdata)" >&2; exit 2; }
+mkdir -p "$out/data/onnx-testdata" "$out/data/src/tests/runtime"
+for suite in node pytorch-converted pytorch-operator simple; do cp -r "$testdata/$suite" "$out/data/onnx-testdata/"; done
+cp "$src"/tests/runtime/conformance_known_failures*.txt "$out/data/src/tests/runtime/"
 
 # Toolkit and driver libraries come from the GPU machine; glibc and the loader too.
 is_system() {
@@ -98,8 +106,8 @@ size=$(du -sb "$out" | cut -f1)
 if [ "$size" -gt "$limit" ]; then
   # Too big as plain files (OpenBLAS alone is ~36 MB): the test binaries and lib/ go into one
   # xz archive, which gpu_check.sh unpacks in place before it runs anything.
-  (cd "$out" && tar -cf - lib $(printf 'bin/%s ' "${tests[@]}" "${benches[@]}") | xz -T2 -6 > payload.tar.xz &&
-    rm -rf lib && (cd bin && rm -f "${tests[@]}" "${benches[@]}"))
+  (cd "$out" && tar -cf - lib data/onnx-testdata $(printf 'bin/%s ' "${tests[@]}" "${benches[@]}") | xz -T2 -6 > payload.tar.xz &&
+    rm -rf lib data/onnx-testdata && (cd bin && rm -f "${tests[@]}" "${benches[@]}"))
   size=$(du -sb "$out" | cut -f1)
 fi
 echo "bundle: $out ($((size / 1024)) KiB, limit $((limit / 1024)) KiB)"
@@ -128,7 +136,8 @@ run() {  # run NAME EXPECT_RC CMD...
   local name=$1 expect=$2
   shift 2
   local rc=0
-  (cd "$work" && env -i LD_LIBRARY_PATH="$b/lib" HOME="$work" MPQ_TEST_MODELS="$b/data/models" "$@") >"$work/$name.log" 2>&1 || rc=$?
+  (cd "$work" && env -i LD_LIBRARY_PATH="$b/lib" HOME="$work" MPQ_TEST_MODELS="$b/data/models" MPQ_TESTDATA="$b/data/onnx-testdata" \
+     MPQ_SOURCE_DIR="$b/data/src" "$@") >"$work/$name.log" 2>&1 || rc=$?
   if [ "$rc" = "$expect" ]; then
     echo "ok: $name"
   else

@@ -57,6 +57,8 @@ if [ -n "$cudnn_dir" ]; then
 fi
 export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MPQ_TEST_MODELS="$here/data/models"  # the graph runner tests' models
+export MPQ_TESTDATA="$here/data/onnx-testdata"  # ONNX backend test cases (conformance tests)
+export MPQ_SOURCE_DIR="$here/data/src"  # the conformance tests' known-failure lists
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
 for c in "$cuda_home/bin/compute-sanitizer" "$cuda_home/compute-sanitizer/compute-sanitizer"; do
   [ -z "$sanitizer" ] && [ -x "$c" ] && sanitizer=$c
@@ -101,6 +103,7 @@ if [ "$quick" = 0 ]; then
 fi
 step "bench_cuda_kernels" bin/bench_cuda_kernels --repeat 20
 step "mpq run (CPU reference timing)" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cpu --outputs "$(mktemp -d)"
+step "mpq run --device cuda" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cuda --outputs "$(mktemp -d)"
 log ""
 log "== summary: $failures failing step(s); results in $results"
 [ "$failures" = 0 ]

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -13,8 +14,16 @@
 
 namespace mpq::test {
 
-fs::path source_dir() { return MPQ_SOURCE_DIR; }
-fs::path testdata_dir() { return MPQ_TESTDATA_DIR; }
+fs::path source_dir() {
+  const char* env = std::getenv("MPQ_SOURCE_DIR");
+  return env && *env ? fs::path(env) : fs::path(MPQ_SOURCE_DIR);
+}
+// $MPQ_TESTDATA / $MPQ_SOURCE_DIR: the GPU bundle's copies (scripts/gpu_bundle.sh), on machines
+// where neither the Debian package nor the source tree exists.
+fs::path testdata_dir() {
+  const char* env = std::getenv("MPQ_TESTDATA");
+  return env && *env ? fs::path(env) : fs::path(MPQ_TESTDATA_DIR);
+}
 fs::path mpq_binary() { return MPQ_BINARY; }
 
 TempDir::TempDir(const std::string& tag) {

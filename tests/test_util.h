@@ -13,8 +13,8 @@ namespace mpq::test {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir();    // repository root
-fs::path testdata_dir();  // ONNX backend test data (libonnx-testdata)
+fs::path source_dir();    // repository root ($MPQ_SOURCE_DIR overrides)
+fs::path testdata_dir();  // ONNX backend test data (libonnx-testdata; $MPQ_TESTDATA overrides)
 fs::path mpq_binary();
 
 // A fresh empty folder under the system temp dir, removed when the object dies.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <vector>
 
 #include "cli.h"
 #include "core/file_io.h"
@@ -58,7 +59,11 @@ int run_command(const RunOpts& o) {
     passes::FoldConstants fold;
     passes::FuseConvBn fuse_bn(/*float32_only=*/true);
     passes::FuseConvActivation fuse_act;
-    for (passes::Pass* pass : std::initializer_list<passes::Pass*>{&fold, &fuse_bn, &fuse_act})
+    // FusedConv (Conv + residual Add + activation) is a CPU kernel; the CUDA path runs Conv through
+    // cuDNN and the Add/activation bodies, so it keeps the nodes apart.
+    std::vector<passes::Pass*> pipeline = {&fold, &fuse_bn};
+    if (backend == rt::BackendKind::CPU) pipeline.push_back(&fuse_act);
+    for (passes::Pass* pass : pipeline)
       for (const auto& note : passes::run_pass(*pass, model).notes) spdlog::debug("{}", note);
   }
   data::DataOptions dopts;

@@ -37,14 +37,13 @@ bool cuda_available() {
 
 BackendKind resolve_device(const std::string& flag) {
   if (flag == "cpu") return BackendKind::CPU;
-  // The CUDA plugin probes devices, but the executor has no CUDA kernels yet: `auto` stays on the
-  // CPU, and `cuda` is refused up front rather than failing after the model is loaded.
-  constexpr bool kCudaExecutorReady = false;
-  if (flag == "auto") return kCudaExecutorReady && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
+  // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h). `auto` stays on the CPU
+  // until that path has passed scripts/gpu_check.sh on a real GPU (docs/gpu.md): no session has
+  // had one yet, and choosing untested code silently would be worse than asking for it by name.
+  constexpr bool kCudaVerifiedOnGpu = false;
+  if (flag == "auto") return kCudaVerifiedOnGpu && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
   if (flag == "cuda") {
     if (!cuda_available()) fail_input("--device cuda: CUDA is not usable here: {}", query_devices().cuda_unavailable_reason);
-    if (!kCudaExecutorReady)
-      fail_input("--device cuda: the executor's CUDA backend is not implemented yet in this version of mpq; use --device cpu");
     return BackendKind::CUDA;
   }
   fail_input("--device must be cpu, cuda or auto, got '{}'", flag);

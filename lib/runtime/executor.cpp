@@ -7,6 +7,8 @@
 #include <set>
 
 #include "core/half.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/graph_runner.h"
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 
@@ -233,10 +235,53 @@ struct Executor::Impl : SubgraphRunner {
   }
 };
 
+// BackendKind::CUDA: the plugin's context (stream, caching allocator) or, in tests, a given kernel
+// table and memory; the initializers' device copies are kept across runs.
+struct Executor::CudaPath {
+  std::unique_ptr<gpu::CudaContext> context;            // the plugin (GPU)
+  std::unique_ptr<gpu::CachingAllocator> test_allocator;  // ExecOptions::cuda_memory (tests)
+  std::unique_ptr<gpu::KernelRuntime> runtime;
+  gpu::FallbackLog own_log;
+  gpu::FallbackLog* log = &own_log;
+  std::unordered_map<const ir::Value*, Tensor> constants;
+
+  bool whole_model_on_cpu = false;  // the runner does not take subgraphs (If/Loop/Scan) yet
+
+  explicit CudaPath(const ExecOptions& o) {
+    if ((o.cuda_ops == nullptr) != (o.cuda_memory == nullptr))
+      fail_internal("ExecOptions: cuda_ops and cuda_memory go together");
+    if (o.cuda_ops) {
+      test_allocator = std::make_unique<gpu::CachingAllocator>(*o.cuda_memory);
+      runtime.reset(new gpu::KernelRuntime{*o.cuda_ops, *test_allocator, *o.cuda_memory, nullptr});
+    } else {
+      context = std::make_unique<gpu::CudaContext>();
+      runtime.reset(new gpu::KernelRuntime{context->ops(), context->allocator(), context->backend(), context->stream()});
+      log = &context->fallbacks();
+    }
+  }
+  ~CudaPath() {
+    constants.clear();  // device buffers go back before the allocator and stream do
+    runtime.reset();
+  }
+};
+
 Executor::Executor(const ir::Model& model, ExecOptions options) : model_(model), options_(options) {
-  if (options.backend == BackendKind::CUDA)
-    fail_unsupported("the CUDA backend is not available in this build of the executor");
+  if (options.backend == BackendKind::CUDA) {
+    cuda_ = std::make_unique<CudaPath>(options);
+    // CPU kernels for the nodes the CUDA path hands back (and for pool()).
+    options.backend = BackendKind::CPU;
+  }
   impl_ = std::make_unique<Impl>(model, options);
+  if (cuda_) {
+    cuda_->runtime->cpu_pool = &impl_->pool;
+    for (const auto& n : model.graph->nodes())
+      if (!n->subgraphs().empty()) {
+        cuda_->whole_model_on_cpu = true;
+        spdlog::warn("{}: the CUDA path does not run subgraphs (If/Loop/Scan) yet; this model runs on the CPU",
+                     n->label());
+        break;
+      }
+  }
   for (ir::Value* v : model.graph->inputs()) input_names_.push_back(v->name());
   for (ir::Value* v : model.graph->outputs()) output_names_.push_back(v->name());
 }
@@ -280,6 +325,14 @@ std::vector<Tensor> Executor::run(const Feeds& feeds) { return run(feeds, {}, nu
 std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::string>& extra_values,
                                   std::vector<Tensor>* extra_out) {
   check_feeds(feeds);
+  if (cuda_ && !cuda_->whole_model_on_cpu) {
+    gpu::GraphRunHooks hooks;
+    hooks.observer = &observer_;
+    hooks.extra_values = extra_values;
+    hooks.extra_out = extra_out;
+    hooks.constants = &cuda_->constants;
+    return gpu::run_graph(model_, feeds, *cuda_->runtime, *cuda_->log, nullptr, &hooks);
+  }
   const GraphPlan& plan = impl_->plan_graph(*model_.graph);
   std::vector<Tensor> env(plan.slot_values.size());
   for (const auto& [s, t] : plan.constants) env[static_cast<size_t>(s)] = t;

@@ -11,13 +11,24 @@
 #include "ir/graph.h"
 #include "runtime/kernel.h"
 
+namespace mpq::cuda {
+struct OpsTable;
+}
+namespace mpq::rt::gpu {
+struct DeviceMemoryBackend;
+}
+
 namespace mpq::rt {
 
 struct ExecOptions {
   BackendKind backend = BackendKind::CPU;
-  int threads = 0;  // <= 0: one per hardware thread
+  int threads = 0;  // <= 0: one per hardware thread (CPU kernels, and CUDA's CPU fallbacks)
   // Registry to take kernels from (tests pass their own); nullptr means OpRegistry::global().
   const OpRegistry* registry = nullptr;
+  // BackendKind::CUDA only, for tests: run on this kernel table and memory instead of the CUDA
+  // plugin's (the host harness and host memory stand in for a GPU). Both or neither.
+  const cuda::OpsTable* cuda_ops = nullptr;
+  gpu::DeviceMemoryBackend* cuda_memory = nullptr;
 };
 
 // Sees every graph input as fed and every node output of the top-level graph as computed,
@@ -30,7 +41,10 @@ using Feeds = std::unordered_map<std::string, Tensor>;
 class Executor {
  public:
   // Resolves a kernel for every node (subgraphs included); an op without one is an Unsupported
-  // error naming the node. The model must outlive the executor.
+  // error naming the node. The model must outlive the executor. BackendKind::CUDA runs the graph
+  // through the CUDA graph runner (runtime/cuda/graph_runner.h): nodes without a CUDA kernel run
+  // their CPU kernel with explicit copies; no usable GPU or plugin is a BadInput error
+  // ("--device cuda: ...").
   Executor(const ir::Model& model, ExecOptions options = {});
   ~Executor();
   Executor(const Executor&) = delete;
@@ -54,11 +68,13 @@ class Executor {
   void check_feeds(const Feeds& feeds) const;
 
   struct Impl;
+  struct CudaPath;
 
  private:
   const ir::Model& model_;
   ExecOptions options_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<CudaPath> cuda_;  // BackendKind::CUDA: the graph runner's state
   Observer observer_;
   std::vector<std::string> input_names_;
   std::vector<std::string> output_names_;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "ir/onnx_io.h"
@@ -135,6 +136,29 @@ TEST_CASE("devices reports no CUDA device cleanly on a machine without a GPU", "
     WARN("no GPU here: " << j.value("cuda_unavailable", std::string("?")));
     CHECK(j.contains("cuda_unavailable"));
   }
+}
+
+TEST_CASE("device cuda without a usable GPU is one clear line and exit 2, before any work", "[cli][cuda]") {
+  auto devices = test::run_mpq({"devices", "--json"});
+  REQUIRE(devices.exit_code == 0);
+  if (!nlohmann::json::parse(devices.out)["gpus"].empty()) {
+    WARN("a GPU is usable here: the no-GPU message cannot be checked");
+    return;
+  }
+  const std::string model = (test::source_dir() / "calib_data" / "demo.onnx").string();
+  const std::string data = (test::source_dir() / "calib_data" / "calib").string();
+  test::TempDir tmp;
+  const fs::path out = tmp / "table.json";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", model, "--data", data, "--device", "cuda"},
+        std::vector<std::string>{"calibrate", model, "--data", data, "--device", "cuda", "-o", out.string()}}) {
+    INFO(args[0]);
+    auto r = test::run_mpq(args);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("mpq: error: --device cuda: CUDA is not usable here"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  CHECK_FALSE(fs::exists(out));
 }
 
 TEST_CASE("inspect prints the op histogram and parameters, --json gives op_types", "[cli][inspect]") {

@@ -145,3 +145,87 @@ TEST_CASE("GPU quantization and statistics launchers match the host harness", "[
   REQUIRE(cuda::gpu::histogram(dx.get(), static_cast<int64_t>(x.size()), 128 / 4.0f, 128, dcounts.get(), c) == 0);
   CHECK(dcounts.download() == hcounts);
 }
+
+namespace {
+
+// Device math (expf, erff, fused multiply-adds) may differ from the host's in the last bits.
+bool close(const std::vector<float>& got, const std::vector<float>& want, double rtol = 1e-5, double atol = 1e-6) {
+  return got.size() == want.size() && test::first_mismatch(got.data(), want.data(), static_cast<int64_t>(got.size()), rtol, atol) == -1;
+}
+
+template <class Host, class Gpu>
+void close_on_both(const std::vector<float>& x, size_t ny, Host host, Gpu gpu) {
+  for (const cuda::LaunchCtx& c : test::launches_for(static_cast<int64_t>(ny))) {
+    INFO("launch " << test::launch_str(c));
+    std::vector<float> want = test::nan_filled(ny);
+    REQUIRE(host(x.data(), want.data(), c) == 0);
+    DeviceBuf<float> dx(x), dy(test::nan_filled(ny));
+    REQUIRE(gpu(dx.get(), dy.get(), c) == 0);
+    CHECK(close(dy.download(), want));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU direct matmul/convolution and training launchers match the host harness", "[cuda][gpu]") {
+  MPQ_REQUIRE_GPU();
+  // Column-major 5x4 = (5x6) * (6x4), batch 2, A transposed.
+  cuda::MatmulGeom mg;
+  mg.m = 5;
+  mg.n = 4;
+  mg.k = 6;
+  mg.trans_a = true;
+  mg.lda = 6;
+  mg.ldb = 6;
+  mg.ldc = 5;
+  mg.batch = 2;
+  mg.stride_a = 30;
+  mg.stride_b = 24;
+  mg.stride_c = 20;
+  const std::vector<float> a = rnd(60, 61), b = rnd(48, 62);
+  DeviceBuf<float> db(b);
+  close_on_both(a, 40, [&](const float* x, float* y, const cuda::LaunchCtx& c) { return cuda::host::matmul(mg, x, b.data(), y, c); },
+                [&](const float* x, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::matmul(mg, x, db.get(), y, c); });
+  cuda::ConvGeom cg;
+  cg.n = 2;
+  cg.c = 4;
+  cg.m = 6;
+  cg.group = 2;
+  cg.ih = 7;
+  cg.iw = 6;
+  cg.kh = 3;
+  cg.kw = 3;
+  cg.oh = 4;
+  cg.ow = 4;
+  cg.sh = 2;
+  cg.ph = 1;
+  cg.pw = 1;
+  cg.dw = 2;
+  cg.ow = 4;
+  const std::vector<float> x = rnd(2 * 4 * 7 * 6, 63), w = rnd(6 * 2 * 9, 64);
+  DeviceBuf<float> dw(w);
+  close_on_both(x, 2 * 6 * 4 * 4, [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::host::conv_direct(cg, in, w.data(), y, c); },
+                [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::conv_direct(cg, in, dw.get(), y, c); });
+  // Backward bodies.
+  const std::vector<float> v = rnd(105, 65), dyv = rnd(105, 66);
+  DeviceBuf<float> dv(v), ddy(dyv);
+  close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::unary_grad(cuda::UnaryOp::Gelu, in, v.data(), dyv.data(), dx, 105, c); },
+                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::unary_grad(cuda::UnaryOp::Gelu, in, dv.get(), ddy.get(), dx, 105, c); });
+  close_on_both(v, 105, [&](const float* y, float* dx, const cuda::LaunchCtx& c) { return cuda::host::softmax_grad(false, y, dyv.data(), dx, 3, 7, 5, c); },
+                [&](const float* y, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::softmax_grad(false, y, ddy.get(), dx, 3, 7, 5, c); });
+  Shape joined;
+  const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2({3, 1, 5}, {3, 7, 5}, &joined);
+  const int64_t in_dims[3] = {3, 1, 5};
+  close_on_both(v, 15, [&](const float* d, float* din, const cuda::LaunchCtx& c) { return cuda::host::sum_to_shape(bc, in_dims, d, din, 15, c); },
+                [&](const float* d, float* din, const cuda::LaunchCtx& c) { return cuda::gpu::sum_to_shape(bc, in_dims, d, din, 15, c); });
+  // AdamW: one step of the weights in place from zero moments.
+  cuda::AdamWStep st;
+  st.step_size = 0.01f;
+  st.decay = 0.999f;
+  const cuda::LaunchCtx c{cuda::LaunchShape{3, 32}};
+  std::vector<float> hw = v, hm(105, 0.0f), hv(105, 0.0f);
+  REQUIRE(cuda::host::adamw_step(st, hw.data(), dyv.data(), hm.data(), hv.data(), 105, c) == 0);
+  DeviceBuf<float> gw(v), gm(std::vector<float>(105, 0.0f)), gv(std::vector<float>(105, 0.0f));
+  REQUIRE(cuda::gpu::adamw_step(st, gw.get(), ddy.get(), gm.get(), gv.get(), 105, c) == 0);
+  CHECK(close(gw.download(), hw));
+}

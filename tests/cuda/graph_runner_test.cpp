@@ -12,3 +12,33 @@ TEST_CASE("test models run through the CUDA graph runner on the host kernel tabl
   test::HostMemory mem;
   test::run_model_cases(mpq::cuda::host_ops_table(), mem);
 }
+
+TEST_CASE("nodes whose library call declines (NOT_SUPPORTED) run on the CPU instead", "[cuda][host_bodies][runner]") {
+  // A table whose cuBLASLt and cuDNN entries decline everything, as they do for problems without
+  // an algorithm in a type the direct bodies do not take.
+  mpq::cuda::OpsTable declining = mpq::cuda::host_ops_table();
+  declining.gemm = [](const rt::cuda_plan::GemmPlan&, const void*, const void*, void*, void*, size_t,
+                      const mpq::cuda::LaunchCtx&) {
+    return mpq::cuda::LibStatus{1, mpq::cuda::kCublasStatusNotSupported, "cublasLtMatmul"};
+  };
+  declining.conv_forward = [](const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
+                              const mpq::cuda::LaunchCtx&) {
+    return mpq::cuda::LibStatus{2, mpq::cuda::kCudnnStatusNotSupported, "cudnnConvolutionForward"};
+  };
+  test::HostMemory mem;
+  const ir::Model m = ir::load_model(test::models_dir() / "resnet_bn_op13.onnx");
+  const rt::Feeds feeds = test::random_feeds(m);
+  rt::Executor cpu(m);
+  const std::vector<Tensor> want = cpu.run(feeds);
+  rt::gpu::CachingAllocator alloc(mem);
+  rt::gpu::KernelRuntime krt{declining, alloc, mem, nullptr};
+  rt::gpu::FallbackLog log;
+  rt::gpu::GraphRunStats stats;
+  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
+  REQUIRE(got.size() == want.size());
+  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  CHECK(stats.on_cpu.count("Conv") == 1);
+  CHECK(stats.on_device.count("Conv") == 0);
+  CHECK(log.ops().count("Conv") == 1);
+  CHECK(alloc.stats().in_use == 0);
+}

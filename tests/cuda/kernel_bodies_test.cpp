@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "host_grid.h"
+#include "kernels/lib_ops.h"
 #include "kernels/ops.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cuda/plan_shape.h"
@@ -317,6 +318,68 @@ TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[
         offset += t->dim(1);
       }
       return 0;
+    });
+  }
+}
+
+TEST_CASE("direct matmul and convolution bodies run the cuBLASLt/cuDNN plans as the references do",
+          "[cuda][host_bodies][linalg]") {
+  // GEMM: mpq's row-major problem -> plan_gemm (operand swap, transposes, batch strides) ->
+  // matmul_geom -> the body, over every launch shape, against gemm_ref / matmul_ref (double).
+  struct GemmCase {
+    int64_t m, n, k, batch;
+    bool ta, tb;
+  };
+  for (const GemmCase& c : {GemmCase{5, 3, 7, 1, false, false}, GemmCase{4, 6, 3, 1, true, false},
+                            GemmCase{3, 5, 9, 1, false, true}, GemmCase{2, 7, 5, 1, true, true},
+                            GemmCase{3, 4, 5, 3, false, false}}) {
+    INFO("m " << c.m << " n " << c.n << " k " << c.k << " batch " << c.batch << " transA " << c.ta << " transB " << c.tb);
+    Shape as = c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, bs = c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
+    if (c.batch > 1) {
+      as.insert(as.begin(), c.batch);
+      bs.insert(bs.begin(), c.batch);
+    }
+    const Tensor a = test::random_tensor(as, 11), b = test::random_tensor(bs, 12);
+    const Tensor want = c.batch > 1 ? rt::cpu::matmul_ref(a, b) : rt::cpu::gemm_ref(a, b, nullptr, 1.0, 0.0, c.ta, c.tb);
+    plan::GemmRequest r;
+    r.m = c.m;
+    r.n = c.n;
+    r.k = c.k;
+    r.trans_a = c.ta;
+    r.trans_b = c.tb;
+    r.batch = c.batch;
+    const plan::GemmPlan p = plan::plan_gemm(r);
+    REQUIRE(p.use_cublaslt);
+    check_all_launches(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
+      // cuBLASLt's A is mpq's B.
+      return cuda::host::matmul(cuda::matmul_geom(p), b.data<float>(), a.data<float>(), y, ctx);
+    });
+  }
+  // Convolution: plan_conv -> conv_geom -> the body, against conv_ref, for 1-D, 2-D (groups,
+  // depthwise, strides, dilations) and 3-D.
+  struct ConvCase {
+    Shape x, w;
+    std::vector<int64_t> strides, dilations, pads;
+    int64_t group;
+  };
+  const ConvCase convs[] = {{{2, 4, 7, 6}, {6, 2, 3, 3}, {2, 1}, {1, 2}, {1, 1, 1, 1}, 2},
+                            {{1, 3, 5, 5}, {3, 1, 3, 3}, {}, {}, {1, 1, 1, 1}, 3},
+                            {{2, 3, 11}, {4, 3, 3}, {2}, {2}, {2, 2}, 1},
+                            {{1, 2, 4, 5, 5}, {3, 2, 2, 3, 3}, {1, 2, 1}, {}, {0, 1, 1, 0, 1, 1}, 1}};
+  for (const ConvCase& c : convs) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w));
+    const Tensor x = test::random_tensor(c.x, 13), w = test::random_tensor(c.w, 14);
+    rt::cpu::WindowGeometry g;
+    g.strides = c.strides;
+    g.dilations = c.dilations;
+    g.pads = c.pads;
+    g.group = c.group;
+    const Tensor want = rt::cpu::conv_ref(x, w, nullptr, g);
+    const plan::ConvPlan p = plan::plan_conv(plan::ConvRequest{c.x, c.w, c.strides, c.dilations, c.pads, c.group});
+    REQUIRE(p.use_cudnn);
+    REQUIRE(p.y_shape == want.shape());
+    check_all_launches(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
+      return cuda::host::conv_direct(cuda::conv_geom(p), x.data<float>(), w.data<float>(), y, ctx);
     });
   }
 }

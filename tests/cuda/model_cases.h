@@ -70,6 +70,11 @@ inline void run_model_cases(const cuda::OpsTable& table, rt::gpu::DeviceMemoryBa
     for (const auto& [op, n] : stats.on_cpu) cpu_ops += op + ":" + std::to_string(n) + " ";
     INFO("kernel table: " << device_ops << "| CPU fallback: " << cpu_ops);
     CHECK(device_nodes > 0);
+    // The heavy ops of these FP32 models all run through the library entries.
+    for (const char* heavy : {"Conv", "MatMul", "Gemm"}) {
+      INFO(heavy);
+      CHECK(stats.on_cpu.count(heavy) == 0);
+    }
     CHECK(log.ops().size() == stats.on_cpu.size());
     CHECK(alloc.stats().in_use == 0);  // every device tensor was released
   }

@@ -48,7 +48,7 @@ inline Tensor f(Shape s, uint32_t seed, float lo = -2, float hi = 2) { return te
 inline Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
 
 inline void check_node(const cuda::OpsTable& table, DeviceMemoryBackend& mem, const std::string& op, const std::vector<Tensor>& ins, const Attrs& attrs, int opset, size_t n_out = 1,
-                const std::string& domain = "", double rtol = 2e-6) {
+                const std::string& domain = "", double rtol = 2e-6, double atol = 1e-7) {
   INFO(op);
   CachingAllocator alloc(mem);
   KernelRuntime rt{table, alloc, mem, nullptr};
@@ -86,11 +86,37 @@ inline void check_node(const cuda::OpsTable& table, DeviceMemoryBackend& mem, co
     for (int64_t k = 0; k < h.numel(); ++k) {
       INFO("element " << k);
       const double a = h.get_double(k), b = want[i].get_double(k);
-      REQUIRE(std::fabs(a - b) <= 1e-7 + rtol * std::fabs(b));
+      REQUIRE(std::fabs(a - b) <= atol + rtol * std::fabs(b));
     }
   }
 }
 
+
+// MatMul / Gemm (cuBLASLt plans) and Conv (cuDNN plans) through the table's library entries: on
+// the host the direct bodies run the plan's geometry, so these check the plans themselves (operand
+// swap, transposes, batch strides, groups, pads, dilations, 1-D and 3-D) against the CPU kernels.
+// Sums accumulate in another order than the CPU's blocked kernels: a small absolute tolerance.
+inline void run_linalg_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
+  using ir::Attribute;
+  const double rtol = 1e-5, atol = 1e-5;
+  check_node(t, mem, "MatMul", {f({3, 5}, 31), f({5, 4}, 32)}, {}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "MatMul", {f({2, 3, 5}, 33), f({5, 7}, 34)}, {}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "MatMul", {f({2, 3, 4, 5}, 35), f({2, 3, 5, 6}, 36)}, {}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "Gemm", {f({5, 3}, 37), f({4, 5}, 38), f({4}, 39)},
+             {Attribute::make_int("transA", 1), Attribute::make_int("transB", 1)}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "Gemm", {f({3, 5}, 40), f({5, 4}, 41), f({3, 1}, 42)}, {}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "Conv", {f({2, 4, 7, 6}, 43), f({6, 2, 3, 3}, 44), f({6}, 45)},
+             {Attribute::make_int("group", 2), Attribute::make_ints("strides", {2, 1}), Attribute::make_ints("pads", {1, 1, 1, 1}),
+              Attribute::make_ints("dilations", {1, 2})},
+             13, 1, "", rtol, atol);
+  check_node(t, mem, "Conv", {f({1, 3, 5, 5}, 46), f({3, 1, 3, 3}, 47)},
+             {Attribute::make_int("group", 3), Attribute::make_ints("pads", {1, 1, 1, 1})}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "Conv", {f({1, 3, 9}, 48), f({4, 3, 3}, 49)},
+             {Attribute::make_ints("pads", {2, 2}), Attribute::make_ints("dilations", {2})}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "Conv", {f({1, 2, 4, 5, 5}, 50), f({3, 2, 2, 3, 3}, 51), f({3}, 52)},
+             {Attribute::make_ints("strides", {1, 2, 1}), Attribute::make_ints("pads", {0, 1, 1, 0, 1, 1})}, 13, 1, "", rtol,
+             atol);
+}
 
 // The node cases both runner tests use (host kernel table here, GPU launchers on a GPU).
 inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
@@ -119,6 +145,7 @@ inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
   check_node(t, mem, "FakeQuant", {f({2, 3, 5}, 19), Tensor::from<float>({3}, {0.01f, 0.02f, 0.05f}), Tensor::from<int32_t>({3}, {0, 1, -1})},
              {ir::Attribute::make_int("qmin", -7), ir::Attribute::make_int("qmax", 7), ir::Attribute::make_int("axis", 1)}, 13, 1,
              "mpq", 0);
+  run_linalg_node_cases(t, mem);
 }
 
 }  // namespace mpq::test

@@ -30,12 +30,37 @@ TEST_CASE("the runner refuses what it cannot execute, and bad Gather indices nam
     CHECK(std::string(e.what()).find("gather1") != std::string::npos);
   }
   CHECK_THROWS_AS(run_planned_node(l, *n, {x, idx}, rt), Error);  // host tensors: copies must be explicit
-  rt::cuda_plan::NodeLaunch gemm;
-  gemm.kind = rt::cuda_plan::LaunchKind::Gemm;
+  rt::cuda_plan::NodeLaunch fallback;
+  fallback.reason = "no CUDA kernel";
   try {
-    run_planned_node(gemm, *n, dev, rt);
+    run_planned_node(fallback, *n, dev, rt);
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::Unsupported);
+    CHECK(std::string(e.what()).find("no CUDA kernel") != std::string::npos);
+  }
+  // A library that declines the problem (the host entry takes FP32 only) is Unsupported, naming
+  // the node, the call and the library status, so the graph runner can move the node to the CPU.
+  rt::cuda_plan::NodeLaunch half;
+  half.kind = rt::cuda_plan::LaunchKind::Gemm;
+  half.out_shape = {2, 4};
+  rt::cuda_plan::GemmRequest r;
+  r.m = 2;
+  r.n = 4;
+  r.k = 3;
+  r.precision = rt::cuda_plan::GemmPrecision::FP16;
+  half.gemm = rt::cuda_plan::plan_gemm(r);
+  REQUIRE(half.gemm.use_cublaslt);
+  ir::Node* mm = g->add_node("MatMul", {g->add_value("a"), g->add_value("b")}, {g->add_value("c")}, "matmul_half");
+  const std::vector<Tensor> ab = {to_device(f({2, 3}, 2), alloc, mem, nullptr, "a", "Input"),
+                                  to_device(f({3, 4}, 3), alloc, mem, nullptr, "b", "Input")};
+  try {
+    run_planned_node(half, *mm, ab, rt);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::Unsupported);
+    const std::string what = e.what();
+    CHECK(what.find("matmul_half") != std::string::npos);
+    CHECK(what.find("CUBLAS_STATUS_NOT_SUPPORTED") != std::string::npos);
   }
 }

@@ -88,6 +88,26 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
                 {ir::Attribute::make_string("coordinate_transformation_mode", "asymmetric")}, 13, LaunchKind::Resize2d);
   const NodeLaunch mm = plan("MatMul", {f({2, 3, 4}), f({4, 5})}, {}, 13);
   CHECK(mm.gemm.n == 6);  // batch folded into M (cuBLASLt's n)
+  CHECK_FALSE(mm.has_bias);
+  // Same batch dimensions on both sides: one strided-batched GEMM.
+  check_planned("MatMul", {f({2, 3, 4, 5}), f({2, 3, 5, 6})}, {}, 13, LaunchKind::Gemm);
+  const NodeLaunch bmm = plan("MatMul", {f({2, 3, 4, 5}), f({2, 3, 5, 6})}, {}, 13);
+  CHECK(bmm.gemm.c.batch == 6);
+  CHECK(bmm.gemm.a.batch_stride == 30);  // cuBLASLt's A is mpq's B, [5, 6] per batch
+  CHECK(bmm.gemm.c.batch_stride == 24);
+  // Gemm's C and Conv's B become a broadcast Add over the output.
+  check_planned("Gemm", {f({3, 5}), f({5, 4}), f({3, 1})}, {}, 13, LaunchKind::Gemm);
+  const NodeLaunch gb = plan("Gemm", {f({3, 5}), f({5, 4}), f({3, 1})}, {}, 13);
+  CHECK(gb.has_bias);
+  CHECK(gb.bias.b_stride[0] == 1);
+  CHECK(gb.bias.b_stride[1] == 0);
+  const NodeLaunch cb = plan("Conv", {f({1, 4, 9, 9}), f({6, 4, 3, 3}), f({6})}, {}, 13);
+  REQUIRE(cb.kind == LaunchKind::Conv);
+  CHECK(cb.has_bias);
+  CHECK(cb.bias.rank == 4);
+  CHECK(cb.bias.b_stride[1] == 1);
+  CHECK(cb.bias.b_stride[2] == 0);
+  CHECK_THROWS_AS(plan("Conv", {f({1, 4, 9, 9}), f({6, 4, 3, 3}), f({5})}, {}, 13), Error);
 }
 
 TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") {
@@ -100,7 +120,9 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
   CHECK(reason(plan("Softmax", {f({2, 3})}, {}, 11)).find("opset < 13") != std::string::npos);
   CHECK(reason(plan("ReduceSum", {f({2, 3})}, {ir::Attribute::make_ints("axes", {0, 1})}, 11)).find("several axes") !=
         std::string::npos);
-  CHECK(reason(plan("Gemm", {f({2, 3}), f({3, 4}), f({4})}, {}, 13)).find("bias epilogue") != std::string::npos);
+  CHECK(reason(plan("Gemm", {f({2, 3}), f({3, 4}), f({4})}, {ir::Attribute::make_float("beta", 0.5f)}, 13)) ==
+        "Gemm beta != 1");
+  CHECK(reason(plan("MatMul", {f({2, 3, 4}), f({1, 4, 5})}, {}, 13)).find("broadcast batch") != std::string::npos);
   CHECK(reason(plan("Conv", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_ints("pads", {0, 1, 1, 1})}, 13))
             .find("asymmetric") != std::string::npos);
   CHECK(reason(plan("MaxPool", {f({1, 2, 5, 5, 5})}, {ir::Attribute::make_ints("kernel_shape", {2, 2, 2})}, 13))

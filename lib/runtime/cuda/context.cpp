@@ -23,6 +23,7 @@ CudaContext::CudaContext() {
   std::string why;
   api_ = cuda_plugin(&why);
   if (!api_) fail_input("--device cuda: {}", why);
+  if (!api_->ops) fail_input("--device cuda: the CUDA plugin has no kernel table");
   const int code = api_->stream_create(&stream_);
   if (code != 0)
     fail_input("--device cuda: cannot create a CUDA stream: {} ({})", api_->error_string ? api_->error_string(code) : "",

@@ -1,7 +1,7 @@
 #pragma once
 // What one executor needs to run on a GPU: the plugin, one stream of its own, the device memory
 // backend and a caching allocator on that stream, and the log of ops that fell back to the CPU.
-// The executor does not use it yet (docs/gpu.md, "not written yet"); NEVER RUN on a GPU yet.
+// Owned by an Executor with BackendKind::CUDA; NEVER RUN on a GPU yet.
 #include <memory>
 #include <mutex>
 #include <set>
@@ -36,6 +36,8 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
   void* stream() const { return stream_; }
+  // The plugin's GPU kernel table (launchers, cuBLASLt, cuDNN).
+  const cuda::OpsTable& ops() const { return *api_->ops; }
   CachingAllocator& allocator() { return *allocator_; }
   DeviceMemoryBackend& backend() { return *backend_; }
   FallbackLog& fallbacks() { return fallbacks_; }

@@ -1,6 +1,7 @@
 #include "runtime/cuda/graph_runner.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "runtime/cuda/device_tensor.h"
@@ -8,21 +9,81 @@
 
 namespace mpq::rt::gpu {
 
+namespace {
+
+// The node's CPU kernel on host copies of its inputs; outputs copied back to the device. The host
+// outputs are temporaries: that is safe because they are pageable memory, and cudaMemcpyAsync from
+// pageable memory returns only once the source has been staged (CUDA runtime API, "API
+// synchronization behavior"). Pinned buffers would need the stream synchronized first.
+std::vector<Tensor> run_on_cpu(const ir::Node& node, int opset, const std::vector<Tensor>& inputs, KernelRuntime& rt) {
+  std::vector<Tensor> host;
+  std::vector<const Tensor*> ptrs;
+  host.reserve(inputs.size());
+  for (const Tensor& t : inputs)
+    host.push_back(!t.defined() || t.is_host() ? t : to_host(t, rt.backend, rt.stream, node.name, node.op_type));
+  for (const Tensor& t : host) ptrs.push_back(t.defined() ? &t : nullptr);
+  std::vector<Tensor> outs;
+  std::vector<Tensor> computed = rt.cpu_pool ? evaluate_node(node, opset, ptrs, *rt.cpu_pool) : evaluate_node(node, opset, ptrs);
+  for (Tensor& t : computed)
+    outs.push_back(!t.defined() || t.dtype() == DType::String ? t
+                                                              : to_device(t, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
+  return outs;
+}
+
+}  // namespace
+
 std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, KernelRuntime& rt, FallbackLog& log,
-                              GraphRunStats* stats) {
+                              GraphRunStats* stats, const GraphRunHooks* hooks) {
   const ir::Graph& g = *model.graph;
   check_feeds(g, feeds);
-  std::unordered_map<const ir::Value*, Tensor> dev;  // device copy of every value computed so far
+  const Observer* observer = hooks && hooks->observer && *hooks->observer ? hooks->observer : nullptr;
+  auto observe = [&](const ir::Value* v, const Tensor& t) {
+    if (!observer || !t.defined()) return;
+    (*observer)(*v, t.is_host() ? t : to_host(t, rt.backend, rt.stream, v->name(), "observer"));
+  };
+
+  // Values that must survive to the end: graph outputs and requested intermediates.
+  std::unordered_set<const ir::Value*> keep(g.outputs().begin(), g.outputs().end());
+  std::vector<const ir::Value*> extra;
+  if (hooks)
+    for (const std::string& name : hooks->extra_values) {
+      const ir::Value* v = g.find(name);
+      if (!v) fail_input("no value named '{}' in the model", name);
+      keep.insert(v);
+      extra.push_back(v);
+    }
+  // Index of the last node reading each value, so its buffer can go back to the allocator then.
+  std::unordered_map<const ir::Value*, size_t> last_use;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    for (const ir::Value* v : g.nodes()[i]->inputs())
+      if (v) last_use[v] = i;
+
+  std::unordered_map<const ir::Value*, Tensor> dev;  // device copy of every live value
   auto upload = [&](const ir::Value* v, const Tensor& host) {
     dev[v] = host.dtype() == DType::String ? host : to_device(host, rt.alloc, rt.backend, rt.stream, v->name(), "Input");
   };
-  for (const ir::Value* v : g.initializers())
-    if (!feeds.count(v->name())) upload(v, v->initializer());
+  std::unordered_map<const ir::Value*, Tensor>* constants = hooks ? hooks->constants : nullptr;
+  for (const ir::Value* v : g.initializers()) {
+    if (feeds.count(v->name())) continue;
+    if (!constants) {
+      upload(v, v->initializer());
+      continue;
+    }
+    auto it = constants->find(v);
+    if (it == constants->end()) {
+      upload(v, v->initializer());
+      it = constants->emplace(v, dev[v]).first;
+    }
+    dev[v] = it->second;
+  }
   for (const ir::Value* v : g.inputs())
-    if (auto it = feeds.find(v->name()); it != feeds.end()) upload(v, it->second);
+    if (auto it = feeds.find(v->name()); it != feeds.end()) {
+      upload(v, it->second);
+      observe(v, it->second);
+    }
 
-  for (const auto& np : g.nodes()) {
-    const ir::Node& node = *np;
+  for (size_t index = 0; index < g.nodes().size(); ++index) {
+    const ir::Node& node = *g.nodes()[index];
     for (const ir::Attribute& a : node.attributes)
       if (a.type == ir::AttrType::Graph || a.type == ir::AttrType::Graphs)
         fail_unsupported("{}: nodes with subgraphs are not run by the CUDA graph runner yet", node.label());
@@ -46,36 +107,43 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       dtypes.push_back(it->second.dtype());
       consts.push_back(v->is_constant() ? &v->initializer() : nullptr);
     }
-    cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, consts);
+    const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, consts);
     std::vector<Tensor> outs;
-    bool on_device = plan.kind != cuda_plan::LaunchKind::Fallback && plan.kind != cuda_plan::LaunchKind::Gemm &&
-                     plan.kind != cuda_plan::LaunchKind::Conv;
+    bool on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
     if (on_device) {
-      outs = run_planned_node(plan, node, inputs, rt);
+      try {
+        outs = run_planned_node(plan, node, inputs, rt);
+      } catch (const Error& e) {
+        // A library that declines this problem (NOT_SUPPORTED): the CPU kernel takes it.
+        if (e.kind() != ErrorKind::Unsupported) throw;
+        log.note(node.op_type, e.what());
+        on_device = false;
+      }
     } else {
-      log.note(node.op_type, plan.kind == cuda_plan::LaunchKind::Fallback ? plan.reason
-                                                                          : "cuBLASLt/cuDNN execution not written");
-      std::vector<Tensor> host;
-      std::vector<const Tensor*> ptrs;
-      host.reserve(inputs.size());
-      for (const Tensor& t : inputs)
-        host.push_back(!t.defined() || t.is_host() ? t : to_host(t, rt.backend, rt.stream, node.name, node.op_type));
-      for (const Tensor& t : host) ptrs.push_back(t.defined() ? &t : nullptr);
-      for (Tensor& t : evaluate_node(node, opset, ptrs))
-        outs.push_back(!t.defined() || t.dtype() == DType::String
-                           ? t
-                           : to_device(t, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
+      log.note(node.op_type, plan.reason);
     }
+    if (!on_device) outs = run_on_cpu(node, opset, inputs, rt);
     if (stats) ++(on_device ? stats->on_device : stats->on_cpu)[node.op_type];
     for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
-      if (node.output(i)) dev[node.output(i)] = outs[i];
+      if (const ir::Value* v = node.output(i)) {
+        observe(v, outs[i]);
+        if (last_use.count(v) || keep.count(v)) dev[v] = std::move(outs[i]);
+      }
+    inputs.clear();
+    for (const ir::Value* v : node.inputs())
+      if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) dev.erase(v);
+  }
+  auto fetch = [&](const ir::Value* v) {
+    auto it = dev.find(v);
+    if (it == dev.end()) fail_input("value '{}' was not computed", v->name());
+    return it->second.is_host() ? it->second : to_host(it->second, rt.backend, rt.stream, v->name(), "Output");
+  };
+  if (hooks && hooks->extra_out) {
+    hooks->extra_out->clear();
+    for (const ir::Value* v : extra) hooks->extra_out->push_back(fetch(v));
   }
   std::vector<Tensor> result;
-  for (const ir::Value* v : g.outputs()) {
-    auto it = dev.find(v);
-    if (it == dev.end()) fail_input("graph output '{}' was not computed", v->name());
-    result.push_back(it->second.is_host() ? it->second : to_host(it->second, rt.backend, rt.stream, v->name(), "Output"));
-  }
+  for (const ir::Value* v : g.outputs()) result.push_back(fetch(v));
   return result;
 }
 

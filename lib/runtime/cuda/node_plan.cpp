@@ -1,5 +1,6 @@
 #include "runtime/cuda/node_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -274,20 +275,42 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
   if (op == "MatMul" || op == "Gemm") {
     const Shape& a = shapes[0];
     const Shape& b = shapes[1];
-    if (dtypes[1] != DType::Float32) return fallback("mixed input types");
+    if (dtypes[0] != DType::Float32 || dtypes[1] != DType::Float32) return fallback("non-FP32 inputs");
     GemmRequest r;
     if (op == "Gemm") {
       if (a.size() != 2 || b.size() != 2) fail_input("{}: Gemm needs 2-D operands", node.label());
       r.trans_a = node.attr_int("transA", 0) != 0;
       r.trans_b = node.attr_int("transB", 0) != 0;
-      if (shapes.size() > 2 && dtypes[2] != DType::Undefined) return fallback("Gemm with C (bias epilogue not written)");
       if (node.attr_float("alpha", 1.0f) != 1.0f) return fallback("Gemm alpha != 1");
       r.m = r.trans_a ? a[1] : a[0];
       r.k = r.trans_a ? a[0] : a[1];
       r.n = r.trans_b ? b[0] : b[1];
+      if ((r.trans_b ? b[1] : b[0]) != r.k) fail_input("{}: Gemm inner dimensions differ ({} vs {})", node.label(), r.k,
+                                                        r.trans_b ? b[1] : b[0]);
       l.out_shape = {r.m, r.n};
+      if (shapes.size() > 2 && dtypes[2] != DType::Undefined) {
+        if (dtypes[2] != DType::Float32) return fallback("non-FP32 Gemm C");
+        if (node.attr_float("beta", 1.0f) != 1.0f) return fallback("Gemm beta != 1");
+        Shape joined;
+        l.bias = make_broadcast2(l.out_shape, shapes[2], &joined);
+        if (joined != l.out_shape) fail_input("{}: C {} does not broadcast to {}", node.label(), shape_str(shapes[2]),
+                                              shape_str(l.out_shape));
+        l.has_bias = true;
+      }
+    } else if (a.size() >= 3 && b.size() == a.size() &&
+               std::equal(a.begin(), a.end() - 2, b.begin())) {
+      // Same batch dimensions on both sides (attention's Q.K^T and P.V): one strided-batched GEMM.
+      r.batch = 1;
+      for (size_t d = 0; d + 2 < a.size(); ++d) r.batch *= a[d];
+      r.m = a[a.size() - 2];
+      r.k = a.back();
+      if (b[b.size() - 2] != r.k) fail_input("{}: MatMul inner dimensions {} and {} differ", node.label(), r.k, b[b.size() - 2]);
+      r.n = b.back();
+      if (r.batch == 0) return fallback("empty batch");
+      l.out_shape = a;
+      l.out_shape.back() = r.n;
     } else {
-      if (a.size() < 2 || b.size() != 2) return fallback("MatMul with a 1-D operand or a batched B");
+      if (a.size() < 2 || b.size() != 2) return fallback("MatMul with a 1-D operand or broadcast batch dimensions");
       r.k = a.back();
       if (b[0] != r.k) fail_input("{}: MatMul inner dimensions {} and {} differ", node.label(), r.k, b[0]);
       r.m = shape_numel(a) / r.k;  // batch dimensions of A fold into M
@@ -302,11 +325,21 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
   }
   if (op == "Conv") {
     if (node.attr_string("auto_pad", "NOTSET") != "NOTSET") return fallback("auto_pad");
+    if (dtypes[0] != DType::Float32 || dtypes[1] != DType::Float32) return fallback("non-FP32 inputs");
     ConvRequest r{shapes[0], shapes[1], node.attr_ints("strides"), node.attr_ints("dilations"), node.attr_ints("pads"),
                   node.attr_int("group", 1)};
     l.conv = plan_conv(r);
     l.out_shape = l.conv.y_shape;
     if (!l.conv.use_cudnn) return fallback("cuDNN: " + l.conv.fallback_reason);
+    if (shapes.size() > 2 && dtypes[2] != DType::Undefined) {
+      if (dtypes[2] != DType::Float32) return fallback("non-FP32 Conv bias");
+      if (shapes[2].size() != 1 || shapes[2][0] != l.out_shape[1])
+        fail_input("{}: bias has shape {}, expected [{}]", node.label(), shape_str(shapes[2]), l.out_shape[1]);
+      Shape bias_shape(l.out_shape.size() - 1, 1), joined;
+      bias_shape[0] = l.out_shape[1];  // [M, 1, ..., 1]
+      l.bias = make_broadcast2(l.out_shape, bias_shape, &joined);
+      l.has_bias = true;
+    }
     l.kind = LaunchKind::Conv;
     return l;
   }

@@ -54,6 +54,10 @@ struct NodeLaunch {
   int64_t quant_channels = 1;  // Q/DQ/FakeQuant: scale length (1: per tensor)
   GemmPlan gemm;
   ConvPlan conv;
+  // Gemm's C (beta = 1) or Conv's B, added to the library's output in place by the broadcasting
+  // Add body: output (a) + bias (b).
+  bool has_bias = false;
+  cuda::Broadcast2 bias;
 };
 
 // `inputs`: the node's input tensors where known at planning time (constant initializers such as

@@ -51,6 +51,24 @@ struct Runner {
     return q;
   }
 
+  void check_lib(const cuda::LibStatus& st) const {
+    if (st.ok()) return;
+    const auto lib = static_cast<cuda_plan::CudaLibrary>(st.library);
+    cuda_plan::fail_cuda_status(lib, st.code, st.call, lib == cuda_plan::CudaLibrary::Runtime ? rt.backend.error_text(st.code) : "",
+                                node.name, node.op_type);
+  }
+  // Library workspace from the caching allocator (a byte tensor; none when 0 bytes).
+  Tensor workspace(size_t bytes) const {
+    return bytes ? out(DType::UInt8, Shape{static_cast<int64_t>(bytes)}) : Tensor();
+  }
+  static void* ws_ptr(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+  // Gemm's C or Conv's B (input `i`), added in place: the Add body reads y[k] before writing it.
+  void add_bias(Tensor& y, size_t i) const {
+    if (!l.has_bias) return;
+    check(rt.ops.binary(cuda::BinaryOp::Add, l.bias, fp(y), fp(input(i)), fp(y), y.numel(), ctx(y.numel())),
+          "bias add kernel launch");
+  }
+
   std::vector<Tensor> run() {
     const cuda::OpsTable& ops = rt.ops;
     switch (l.kind) {
@@ -158,12 +176,31 @@ struct Runner {
         check(ops.fake_quant(layout(zp, qmin, qmax), fp(input(0)), fp(y), ctx(y.numel())), "fake-quant kernel launch");
         return {y};
       }
-      case LaunchKind::Gemm:
-      case LaunchKind::Conv:
+      case LaunchKind::Gemm: {
+        Tensor y = out(DType::Float32, l.out_shape);
+        if (y.numel() > 0) {
+          Tensor ws = workspace(l.gemm.workspace_bytes);
+          check_lib(ops.gemm(l.gemm, input(0).raw_data(), input(1).raw_data(), y.raw_data(), ws_ptr(ws), l.gemm.workspace_bytes,
+                             ctx(y.numel())));
+          add_bias(y, 2);
+        }
+        return {y};
+      }
+      case LaunchKind::Conv: {
+        Tensor y = out(DType::Float32, l.out_shape);
+        if (y.numel() > 0) {
+          size_t bytes = 0;
+          check_lib(ops.conv_workspace(l.conv, &bytes, ctx(y.numel())));
+          Tensor ws = workspace(bytes);
+          check_lib(ops.conv_forward(l.conv, fp(input(0)), fp(input(1)), fp(y), ws_ptr(ws), bytes, ctx(y.numel())));
+          add_bias(y, 2);
+        }
+        return {y};
+      }
       case LaunchKind::Fallback: break;
     }
     fail_unsupported("{}: the CUDA runner does not execute {} launches ({})", node.label(), cuda_plan::launch_kind_name(l.kind),
-                     l.kind == LaunchKind::Fallback ? l.reason : "cuBLASLt/cuDNN execution not written");
+                     l.reason);
   }
 };
 

@@ -13,6 +13,10 @@
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/node_plan.h"
 
+namespace mpq::rt {
+class ThreadPool;
+}
+
 namespace mpq::rt::gpu {
 
 struct KernelRuntime {
@@ -20,11 +24,15 @@ struct KernelRuntime {
   CachingAllocator& alloc;
   DeviceMemoryBackend& backend;
   void* stream = nullptr;
+  // Threads for the nodes that fall back to their CPU kernels (null: one thread).
+  ThreadPool* cpu_pool = nullptr;
 };
 
 // `inputs`: device tensors (undefined for omitted optional inputs). Returns one device tensor per
-// node output (LayerNormalization: Y, Mean, InvStdDev). Throws Unsupported for launch kinds whose
-// execution is not written (Gemm, Conv, Fallback): the caller runs the CPU kernel instead.
+// node output (LayerNormalization: Y, Mean, InvStdDev). Gemm and Conv go through the table's
+// library entries (cuBLASLt / cuDNN on the GPU, the direct bodies on the host) with workspace from
+// the caching allocator and the bias added by the Add body. Throws Unsupported for Fallback plans
+// and for library statuses of the *_NOT_SUPPORTED kind: the caller runs the CPU kernel instead.
 std::vector<Tensor> run_planned_node(const cuda_plan::NodeLaunch& l, const ir::Node& node, const std::vector<Tensor>& inputs,
                                      KernelRuntime& rt);
 

@@ -1,0 +1,171 @@
+#pragma once
+// Training bodies: the backward of the elementwise unary ops and of (Log)Softmax, the reduction of
+// a broadcast gradient back to an input's shape, GradScaler's unscale with its non-finite check,
+// and the SGD and AdamW parameter updates. One thread per element (per row for softmax, per input
+// element for the reduction), grid-stride loops, no atomics: each output element has exactly one
+// writer, so results do not depend on the launch shape.
+#include "kernels/bodies/elementwise.cuh"
+
+namespace mpq::cuda {
+
+// dX for Y = op(X), from X, Y and dY (the same derivatives as lib/train/grads/unary_grad.cpp).
+MPQ_HD inline float unary_grad_apply(UnaryOp op, float x, float y, float dy) {
+  switch (op) {
+    case UnaryOp::Relu: return x > 0.0f ? dy : 0.0f;
+    case UnaryOp::Sigmoid: return dy * y * (1.0f - y);
+    case UnaryOp::Tanh: return dy * (1.0f - y * y);
+    case UnaryOp::Exp: return dy * y;
+    case UnaryOp::Log: return dy / x;
+    case UnaryOp::Neg: return -dy;
+    case UnaryOp::Abs: return x > 0.0f ? dy : (x < 0.0f ? -dy : 0.0f);
+    case UnaryOp::Sqrt: return dy * 0.5f / y;
+    case UnaryOp::Erf: return dy * 1.12837916709551257f * expf(-x * x);
+    case UnaryOp::Gelu:
+      return dy * (0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x));
+    case UnaryOp::Reciprocal: return -dy * y * y;
+    case UnaryOp::Identity: return dy;
+  }
+  return dy;
+}
+
+struct UnaryGradBody {
+  UnaryOp op;
+  const float* x;
+  const float* y;
+  const float* dy;
+  float* dx;
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) dx[i] = unary_grad_apply(op, x[i], y[i], dy[i]);
+  }
+};
+
+// Softmax over X viewed as [outer, n, inner] along the middle axis; one thread per (outer, inner)
+// row. Softmax: dX = Y * (dY - sum(dY * Y)); LogSoftmax: dX = dY - exp(Y) * sum(dY).
+struct SoftmaxGradBody {
+  bool log;
+  const float* y;
+  const float* dy;
+  float* dx;
+  int64_t outer, n, inner;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t rows = outer * inner;
+    for (int64_t r = t.global(); r < rows; r += t.stride()) {
+      const int64_t o = r / inner, in = r % inner;
+      const int64_t base = o * n * inner + in;
+      double s = 0.0;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t i = base + k * inner;
+        s += log ? static_cast<double>(dy[i]) : static_cast<double>(dy[i]) * static_cast<double>(y[i]);
+      }
+      const float sf = static_cast<float>(s);
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t i = base + k * inner;
+        dx[i] = log ? dy[i] - expf(y[i]) * sf : y[i] * (dy[i] - sf);
+      }
+    }
+  }
+};
+
+// dIn = sum of dY over the dimensions `in` was broadcast along: one thread per element of the
+// input, which walks the output elements that read it (in a fixed order). `bc` describes the
+// forward broadcast with the input as operand a (a_stride 0 along broadcast dimensions); `in_n`
+// is the input's element count and `in_dims` its shape aligned to bc.rank (1 where missing).
+struct SumToShapeBody {
+  Broadcast2 bc;
+  int64_t in_dims[kMaxRank];
+  const float* dy;
+  float* din;
+  int64_t in_n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t e = t.global(); e < in_n; e += t.stride()) {
+      // Input coordinates of e; the output coordinates that read it vary freely along the
+      // dimensions where the input has extent 1 and the output does not.
+      int64_t coord[kMaxRank];
+      int64_t rem = e;
+      for (int d = bc.rank - 1; d >= 0; --d) {
+        coord[d] = rem % in_dims[d];
+        rem /= in_dims[d];
+      }
+      int64_t reduced = 1;
+      for (int d = 0; d < bc.rank; ++d)
+        if (in_dims[d] == 1) reduced *= bc.dims[d];
+      double s = 0.0;
+      for (int64_t j = 0; j < reduced; ++j) {
+        int64_t rj = j, out = 0, stride = 1;
+        int64_t oc[kMaxRank];
+        for (int d = bc.rank - 1; d >= 0; --d) {
+          if (in_dims[d] == 1) {
+            oc[d] = rj % bc.dims[d];
+            rj /= bc.dims[d];
+          } else {
+            oc[d] = coord[d];
+          }
+        }
+        for (int d = bc.rank - 1; d >= 0; --d) {
+          out += oc[d] * stride;
+          stride *= bc.dims[d];
+        }
+        s += static_cast<double>(dy[out]);
+      }
+      din[e] = static_cast<float>(s);
+    }
+  }
+};
+
+// GradScaler's unscale: g *= inv_scale, and *found_inf = 1 if any result is not finite (every
+// writer stores the same value, so there is no race to lose).
+struct UnscaleBody {
+  float inv_scale;
+  float* g;
+  int64_t n;
+  int* found_inf;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      g[i] *= inv_scale;
+      if (!hd_isfinite(g[i])) *found_inf = 1;
+    }
+  }
+};
+
+struct SgdBody {
+  SgdStep s;
+  float* w;
+  const float* g;
+  float* buf;  // momentum buffer (null without momentum)
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      float d = s.log_space ? g[i] * w[i] : g[i];
+      if (s.weight_decay != 0.0f && !s.log_space) d += s.weight_decay * w[i];
+      if (buf) {
+        buf[i] = s.first ? d : s.momentum * buf[i] + s.damp * d;
+        d = s.nesterov ? d + s.momentum * buf[i] : buf[i];
+      }
+      if (s.log_space) w[i] *= expf(-s.rate * d);
+      else w[i] -= s.rate * d;
+    }
+  }
+};
+
+struct AdamWBody {
+  AdamWStep s;
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      const float gi = s.log_space ? g[i] * w[i] : g[i];
+      w[i] *= s.decay;
+      m[i] += s.one_minus_b1 * (gi - m[i]);
+      v[i] = s.b2 * v[i] + s.one_minus_b2 * gi * gi;
+      const float denom = sqrtf(v[i]) / s.bc2_sqrt + s.eps;
+      if (s.log_space) w[i] *= expf(-s.step_size * m[i] / denom);
+      else w[i] -= s.step_size * m[i] / denom;
+    }
+  }
+};
+
+}  // namespace mpq::cuda

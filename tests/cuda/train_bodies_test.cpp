@@ -1,0 +1,234 @@
+// The training bodies (kernels/bodies/train.cuh) run by the nvcc-compiled host harness over every
+// launch shape (tests/cuda/host_grid.h), against mpq's CPU training code: the backward kernels of
+// lib/train/grads (called directly with the forward outputs saved), the SGD/AdamW optimizers of
+// lib/train/optimizer.cpp and GradScaler::unscale. Fixed seeds, odd shapes. Always runs.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "host_grid.h"
+#include "kernels/ops.h"
+#include "runtime/cuda/plan_shape.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+#include "train/grad_registry.h"
+#include "train/grad_scaler.h"
+#include "train/optimizer.h"
+
+using namespace mpq;
+
+namespace {
+
+// dX of a one-node model from the CPU backward kernel, with the forward outputs saved.
+Tensor cpu_backward(const std::string& op, int opset, const Tensor& x, const Tensor& y, const Tensor& dy,
+                    const std::vector<ir::Attribute>& attrs = {}) {
+  ir::Model model;
+  model.set_opset("", opset);
+  ir::Graph* g = model.graph.get();
+  ir::Node* node = g->add_node(op, {g->add_value("x")}, {g->add_value("y")}, "node_under_test");
+  for (const auto& a : attrs) node->set_attr(a);
+  const train::GradDef* def = train::GradRegistry::global().find("", op, opset, rt::BackendKind::CPU);
+  REQUIRE(def);
+  rt::ThreadPool pool(1);
+  train::GradContext ctx(*node, opset, pool);
+  ctx.mutable_inputs() = {x};
+  ctx.mutable_input_shapes() = {x.shape()};
+  ctx.mutable_input_dtypes() = {x.dtype()};
+  ctx.mutable_input_present() = {1};
+  ctx.mutable_wanted() = {1};
+  ctx.mutable_outputs() = {y};
+  ctx.mutable_output_shapes() = {y.shape()};
+  ctx.mutable_grad_outputs() = {dy};
+  ctx.mutable_grads().resize(1);
+  def->fn(ctx);
+  return ctx.mutable_grads().at(0);
+}
+
+template <class F>
+void check_launches(const Tensor& expected, double rtol, double atol, F launch) {
+  const int64_t n = expected.numel();
+  for (const cuda::LaunchCtx& c : test::launches_for(n)) {
+    std::vector<float> out = test::nan_filled(static_cast<size_t>(n));
+    REQUIRE(launch(out.data(), c) == 0);
+    const int64_t bad = test::first_mismatch(out.data(), expected.data<float>(), n, rtol, atol);
+    INFO("launch " << test::launch_str(c) << ", element " << bad);
+    if (bad >= 0) INFO("got " << out[bad] << ", expected " << expected.data<float>()[bad]);
+    CHECK(bad == -1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("unary backward bodies match the CPU backward kernels", "[cuda][host_bodies][train]") {
+  struct Case {
+    const char* op;
+    cuda::UnaryOp code;
+    float lo, hi;
+    int opset;
+  };
+  const Case cases[] = {{"Relu", cuda::UnaryOp::Relu, -2, 2, 14},          {"Sigmoid", cuda::UnaryOp::Sigmoid, -4, 4, 13},
+                        {"Tanh", cuda::UnaryOp::Tanh, -3, 3, 13},          {"Exp", cuda::UnaryOp::Exp, -2, 2, 13},
+                        {"Log", cuda::UnaryOp::Log, 0.1f, 3, 13},          {"Neg", cuda::UnaryOp::Neg, -2, 2, 13},
+                        {"Abs", cuda::UnaryOp::Abs, -2, 2, 13},            {"Sqrt", cuda::UnaryOp::Sqrt, 0.1f, 4, 13},
+                        {"Erf", cuda::UnaryOp::Erf, -2, 2, 13},            {"Gelu", cuda::UnaryOp::Gelu, -3, 3, 20},
+                        {"Reciprocal", cuda::UnaryOp::Reciprocal, 0.2f, 3, 13}, {"Identity", cuda::UnaryOp::Identity, -2, 2, 16}};
+  for (const Case& c : cases) {
+    INFO(c.op);
+    const Tensor x = test::random_tensor({3, 37}, 21, c.lo, c.hi), dy = test::random_tensor({3, 37}, 22);
+    const Tensor y = test::run_node(c.op, {x}, {}, 1, c.opset, 1).at(0);
+    const Tensor want = cpu_backward(c.op, c.opset, x, y, dy);
+    REQUIRE(want.defined());
+    check_launches(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+      return cuda::host::unary_grad(c.code, x.data<float>(), y.data<float>(), dy.data<float>(), dx, x.numel(), ctx);
+    });
+  }
+}
+
+TEST_CASE("softmax backward bodies match the CPU backward kernels on every axis", "[cuda][host_bodies][train]") {
+  const Shape s = {3, 5, 7};
+  const Tensor x = test::random_tensor(s, 23, -3, 3), dy = test::random_tensor(s, 24);
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    for (int64_t axis = -3; axis < 3; ++axis) {
+      INFO(op << " axis " << axis);
+      const std::vector<ir::Attribute> attrs = {ir::Attribute::make_int("axis", axis)};
+      const Tensor y = test::run_node(op, {x}, attrs, 1, 13, 1).at(0);
+      const Tensor want = cpu_backward(op, 13, x, y, dy, attrs);
+      const rt::cuda_plan::AxisView v = rt::cuda_plan::axis_view(s, axis < 0 ? axis + 3 : axis);
+      check_launches(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+        return cuda::host::softmax_grad(std::string(op) == "LogSoftmax", y.data<float>(), dy.data<float>(), dx, v.outer, v.n,
+                                        v.inner, ctx);
+      });
+    }
+  }
+}
+
+TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
+  // The gradient of an input that was broadcast in Add/Mul/...: dY summed over the broadcast
+  // dimensions, checked against a plain double loop.
+  struct Case {
+    Shape out, in;
+  };
+  for (const Case& c : {Case{{2, 3, 5}, {3, 1}}, Case{{2, 3, 5}, {5}}, Case{{4, 1, 6}, {1, 1, 6}}, Case{{2, 3, 4, 5}, {2, 1, 4, 1}},
+                        Case{{3, 4}, {3, 4}}, Case{{3, 4}, {}}}) {
+    INFO("out " << shape_str(c.out) << " in " << shape_str(c.in));
+    const Tensor dy = test::random_tensor(c.out, 25);
+    Shape joined;
+    const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2(c.in, c.out, &joined);
+    REQUIRE(joined == c.out);
+    std::vector<int64_t> in_dims(static_cast<size_t>(bc.rank), 1);
+    for (size_t d = 0; d < c.in.size(); ++d) in_dims[static_cast<size_t>(bc.rank) - c.in.size() + d] = c.in[d];
+    const int64_t in_n = shape_numel(c.in);
+    std::vector<double> ref(static_cast<size_t>(in_n), 0.0);
+    for (int64_t i = 0; i < dy.numel(); ++i) {
+      int64_t rem = i, in_index = 0, stride = 1;
+      for (int d = bc.rank - 1; d >= 0; --d) {
+        const int64_t coord = rem % bc.dims[d];
+        rem /= bc.dims[d];
+        if (in_dims[static_cast<size_t>(d)] != 1) in_index += coord * stride;
+        stride *= in_dims[static_cast<size_t>(d)];
+      }
+      ref[static_cast<size_t>(in_index)] += dy.data<float>()[i];
+    }
+    Tensor want(DType::Float32, c.in);
+    for (int64_t i = 0; i < in_n; ++i) want.data<float>()[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
+    check_launches(want, 1e-6, 1e-6, [&](float* din, const cuda::LaunchCtx& ctx) {
+      return cuda::host::sum_to_shape(bc, in_dims.data(), dy.data<float>(), din, in_n, ctx);
+    });
+  }
+}
+
+TEST_CASE("unscale body matches GradScaler::unscale, non-finite values included", "[cuda][host_bodies][train]") {
+  for (bool with_inf : {false, true}) {
+    INFO("with inf " << with_inf);
+    Tensor g = test::random_tensor({41}, 26, -100, 100);
+    if (with_inf) g.data<float>()[17] = std::numeric_limits<float>::infinity();
+    std::vector<train::Parameter> ps(1);
+    ps[0].name = "w";
+    ps[0].value = Tensor::zeros(DType::Float32, {41});
+    ps[0].grad = g.clone();
+    train::GradScaler scaler;
+    const float inv = static_cast<float>(1.0 / scaler.scale());
+    const bool cpu_found = scaler.unscale(ps);
+    CHECK(cpu_found == with_inf);
+    for (const cuda::LaunchCtx& c : test::launches_for(41)) {
+      std::vector<float> gd(g.data<float>(), g.data<float>() + 41);
+      int found = 0;
+      REQUIRE(cuda::host::unscale(inv, gd.data(), 41, &found, c) == 0);
+      CHECK((found != 0) == with_inf);
+      CHECK(test::first_mismatch(gd.data(), ps[0].grad.data<float>(), 41, 0, 0) == -1);
+    }
+  }
+}
+
+TEST_CASE("SGD and AdamW bodies take the same steps as the CPU optimizers", "[cuda][host_bodies][train]") {
+  // Three steps with changing gradients; weight decay, momentum with Nesterov (SGD), and a
+  // learned-scale parameter group stepped in log space.
+  const int64_t n = 29;
+  auto params = [&] {
+    std::vector<train::Parameter> ps(2);
+    ps[0].name = "w";
+    ps[0].value = test::random_tensor({n}, 27);
+    ps[1].name = "s";
+    ps[1].value = test::random_tensor({n}, 28, 0.01f, 0.1f);
+    for (auto& p : ps) p.grad = Tensor::zeros(DType::Float32, {n});
+    return ps;
+  };
+  const std::vector<train::ParamGroup> groups = {train::ParamGroup{"w", {0}, 1.0, 0.01, false},
+                                                 train::ParamGroup{"s", {1}, 0.5, 0.0, true}};
+  const double lr = 0.05;
+  for (bool adamw : {false, true}) {
+    INFO((adamw ? "adamw" : "sgd"));
+    std::vector<train::Parameter> cpu = params();
+    train::SgdOptions so;
+    so.momentum = 0.9;
+    so.nesterov = true;
+    train::AdamWOptions ao;
+    std::unique_ptr<train::Optimizer> opt = adamw ? train::make_adamw(groups, ao) : train::make_sgd(groups, so);
+    // Device state: per parameter the value, momentum (SGD) or m and v (AdamW).
+    std::vector<std::vector<float>> w(2), s1(2, std::vector<float>(n, 0.0f)), s2(2, std::vector<float>(n, 0.0f));
+    for (int p = 0; p < 2; ++p) w[p].assign(cpu[p].value.data<float>(), cpu[p].value.data<float>() + n);
+    for (int step = 1; step <= 3; ++step) {
+      INFO("step " << step);
+      std::vector<Tensor> grads;
+      for (int p = 0; p < 2; ++p) {
+        grads.push_back(test::random_tensor({n}, 30 + 2 * step + p));
+        cpu[p].grad = grads.back().clone();
+      }
+      opt->step(cpu, lr);
+      for (int p = 0; p < 2; ++p) {
+        const train::ParamGroup& g = groups[p];
+        const double glr = lr * g.lr_scale;
+        if (adamw) {
+          const double bc1 = 1.0 - std::pow(ao.beta1, step), bc2 = 1.0 - std::pow(ao.beta2, step);
+          cuda::AdamWStep a;
+          a.decay = static_cast<float>(g.log_space ? 1.0 : 1.0 - glr * g.weight_decay);
+          a.one_minus_b1 = static_cast<float>(1.0 - ao.beta1);
+          a.one_minus_b2 = static_cast<float>(1.0 - ao.beta2);
+          a.b2 = static_cast<float>(ao.beta2);
+          a.step_size = static_cast<float>(glr / bc1);
+          a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+          a.eps = static_cast<float>(ao.eps);
+          a.log_space = g.log_space;
+          REQUIRE(cuda::host::adamw_step(a, w[p].data(), grads[p].data<float>(), s1[p].data(), s2[p].data(), n,
+                                         cuda::LaunchCtx{cuda::LaunchShape{3, 7}}) == 0);
+        } else {
+          cuda::SgdStep sg;
+          sg.rate = static_cast<float>(glr);
+          sg.weight_decay = static_cast<float>(g.weight_decay);
+          sg.momentum = static_cast<float>(so.momentum);
+          sg.damp = static_cast<float>(1.0 - so.dampening);
+          sg.nesterov = so.nesterov;
+          sg.first = step == 1;
+          sg.log_space = g.log_space;
+          REQUIRE(cuda::host::sgd_step(sg, w[p].data(), grads[p].data<float>(), s1[p].data(), n,
+                                       cuda::LaunchCtx{cuda::LaunchShape{2, 5}}) == 0);
+        }
+        INFO("parameter " << p);
+        CHECK(test::first_mismatch(w[p].data(), cpu[p].value.data<float>(), n, 1e-6, 1e-7) == -1);
+      }
+    }
+  }
+}
