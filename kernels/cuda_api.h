@@ -12,7 +12,7 @@ namespace mpq::cuda {
 struct OpsTable;  // kernels/ops_table.h
 
 // Bumped whenever CudaApi changes; the loader refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 3;
+inline constexpr int kCudaApiVersion = 4;
 
 struct DeviceInfo {
   int index = 0;
@@ -56,6 +56,12 @@ struct CudaApi {
   // The shared kernel bodies' GPU launchers (version 3; kernels/ops_table.h), for the CUDA node
   // runner (runtime/cuda/node_runner.h). NEVER RUN on a GPU yet.
   const OpsTable* ops = nullptr;
+
+  // The same entry points as the host harness runs them (version 4): nvcc's host compilation of
+  // the kernel bodies, host memory, the direct bodies in place of cuBLASLt/cuDNN. Used only when
+  // MPQ_CUDA_EMULATE=host, so that the whole `--device cuda` path of every command can be tested
+  // on machines without a GPU (runtime/cuda/context.h).
+  const OpsTable* host_ops = nullptr;
 };
 
 }  // namespace mpq::cuda

@@ -99,6 +99,7 @@ extern "C" __attribute__((visibility("default"))) const mpq::cuda::CudaApi* mpq_
     a.saxpy_selftest = &mpq::cuda::saxpy_selftest;
     mpq::cuda::fill_memory_api(a);
     a.ops = &mpq::cuda::gpu_ops_table();
+    a.host_ops = &mpq::cuda::host_ops_table();
     return a;
   }();
   return &api;

@@ -75,8 +75,8 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def compare(mpq, model, data, outdir, rtol, ort_level="disable"):
-    r = run([mpq, "run", model, "--data", data, "--outputs", outdir])
+def compare(mpq, model, data, outdir, rtol, device, ort_level="disable"):
+    r = run([mpq, "run", model, "--data", data, "--outputs", outdir, "--device", device])
     if r.returncode != 0:
         return False, f"mpq run failed: {r.stderr.strip()}"
     cmd = [sys.executable, ORT_CHECK, model, "--data", data, "--mpq-outputs", outdir, "--rtol-l2", str(rtol), "--json"]
@@ -150,13 +150,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mpq", required=True)
     ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--device", default="cpu",
+                    help="mpq's --device for the runs compared (cuda with MPQ_CUDA_EMULATE=host tests the CUDA path here)")
     args = ap.parse_args()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for model, data, calib in cases(tmp):
             name = os.path.relpath(model, ROOT)
             if not args.int8:
-                ok, msg = compare(args.mpq, model, data, os.path.join(tmp, "out_" + os.path.basename(model)), 1e-5)
+                ok, msg = compare(args.mpq, model, data, os.path.join(tmp, "out_" + os.path.basename(model)), 1e-5,
+                                  args.device)
                 print(f"{'OK  ' if ok else 'FAIL'} fp32 {name}: {msg}")
                 failures += not ok
                 continue
@@ -178,7 +181,7 @@ def main():
                     failures += 1
                     continue
                 outdir = os.path.join(tmp, f"out_{label}_{os.path.basename(model)}")
-                r = run([args.mpq, "run", q, "--data", data, "--outputs", outdir])
+                r = run([args.mpq, "run", q, "--data", data, "--outputs", outdir, "--device", args.device])
                 if r.returncode != 0:
                     print(f"FAIL {label} {name}: mpq run failed: {r.stderr.strip()}")
                     failures += 1

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli.h"
+#include "runtime/cuda/context.h"
 #include "runtime/devices.h"
 
 namespace mpq::cli {
@@ -27,6 +28,7 @@ void setup_devices(CLI::App& sub, Action& action) {
           j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"compute_capability", fmt::format("{}.{}", g.compute_major, g.compute_minor)},
                                {"memory_bytes", g.memory_bytes}, {"multiprocessors", g.multiprocessors}});
         if (!d.cuda_unavailable_reason.empty()) j["cuda_unavailable"] = d.cuda_unavailable_reason;
+        j["cuda_emulated_on_host"] = rt::gpu::CudaContext::emulating();
         std::cout << j.dump(2) << "\n";
         return 0;
       }
@@ -38,6 +40,8 @@ void setup_devices(CLI::App& sub, Action& action) {
       std::cout << fmt::format("cuda: built with runtime {}, cuBLASLt {}, driver {}\n", d.cuda_runtime_version,
                                d.cublaslt_version, d.cuda_driver_version ? std::to_string(d.cuda_driver_version) : "none");
       if (d.gpus.empty()) std::cout << "cuda: " << d.cuda_unavailable_reason << "\n";
+      if (rt::gpu::CudaContext::emulating())
+        std::cout << "cuda: MPQ_CUDA_EMULATE=host: --device cuda runs the CUDA path's kernel bodies on the CPU (testing)\n";
       for (const auto& g : d.gpus)
         std::cout << fmt::format("gpu {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)\n", g.index, g.name, g.compute_major,
                                  g.compute_minor, g.multiprocessors, static_cast<double>(g.memory_bytes) / (1 << 30));

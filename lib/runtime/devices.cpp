@@ -1,6 +1,7 @@
 #include "runtime/devices.h"
 
 #include "core/error.h"
+#include "runtime/cuda/context.h"
 #include "runtime/cuda_loader.h"
 
 namespace mpq::rt {
@@ -30,7 +31,7 @@ DeviceReport query_devices() {
 bool cuda_available() {
   static const bool available = [] {
     DeviceReport r = query_devices();
-    return r.cuda_built && !r.gpus.empty();
+    return r.cuda_built && (!r.gpus.empty() || (gpu::CudaContext::emulating() && cuda_plugin(nullptr) != nullptr));
   }();
   return available;
 }

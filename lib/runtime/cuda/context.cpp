@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <mutex>
+
 #include "core/error.h"
 #include "runtime/cuda_loader.h"
 
@@ -19,11 +22,28 @@ std::set<std::string> FallbackLog::ops() const {
   return seen_;
 }
 
+bool CudaContext::emulating() {
+  const char* e = std::getenv("MPQ_CUDA_EMULATE");
+  return e && std::string(e) == "host";
+}
+
 CudaContext::CudaContext() {
   std::string why;
   api_ = cuda_plugin(&why);
   if (!api_) fail_input("--device cuda: {}", why);
+  if (emulating()) {
+    if (!api_->host_ops) fail_input("--device cuda: the CUDA plugin has no host kernel table to emulate with");
+    static std::once_flag once;
+    std::call_once(once, [] {
+      spdlog::warn("MPQ_CUDA_EMULATE=host: the CUDA path runs its kernel bodies on the CPU (for testing; no GPU is used)");
+    });
+    ops_ = api_->host_ops;
+    backend_ = std::make_unique<HostEmulationBackend>();
+    allocator_ = std::make_unique<CachingAllocator>(*backend_);
+    return;
+  }
   if (!api_->ops) fail_input("--device cuda: the CUDA plugin has no kernel table");
+  ops_ = api_->ops;
   const int code = api_->stream_create(&stream_);
   if (code != 0)
     fail_input("--device cuda: cannot create a CUDA stream: {} ({})", api_->error_string ? api_->error_string(code) : "",

@@ -36,16 +36,20 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
   void* stream() const { return stream_; }
-  // The plugin's GPU kernel table (launchers, cuBLASLt, cuDNN).
-  const cuda::OpsTable& ops() const { return *api_->ops; }
+  // The plugin's GPU kernel table (launchers, cuBLASLt, cuDNN), or its host table when emulating.
+  const cuda::OpsTable& ops() const { return *ops_; }
+  // MPQ_CUDA_EMULATE=host: the CUDA path runs on the CPU (host kernel table, host memory), for
+  // testing every command's `--device cuda` on machines without a GPU.
+  static bool emulating();
   CachingAllocator& allocator() { return *allocator_; }
   DeviceMemoryBackend& backend() { return *backend_; }
   FallbackLog& fallbacks() { return fallbacks_; }
 
  private:
   const cuda::CudaApi* api_ = nullptr;
+  const cuda::OpsTable* ops_ = nullptr;
   void* stream_ = nullptr;
-  std::unique_ptr<PluginMemoryBackend> backend_;
+  std::unique_ptr<DeviceMemoryBackend> backend_;
   std::unique_ptr<CachingAllocator> allocator_;
   FallbackLog fallbacks_;
 };

@@ -1,6 +1,9 @@
 #pragma once
 // DeviceMemoryBackend over the CUDA plugin's function table (kernels/cuda_api.h, version 2):
 // what the caching allocator and device tensors use on a real GPU. NEVER RUN on a GPU yet.
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda_api.h"
 #include "runtime/cuda/caching_allocator.h"
 
@@ -20,6 +23,26 @@ class PluginMemoryBackend : public DeviceMemoryBackend {
 
  private:
   const cuda::CudaApi& api_;
+};
+
+// Host memory posing as device memory, for MPQ_CUDA_EMULATE=host (the plugin's host kernel table
+// reads and writes plain pointers). 256-byte aligned like cudaMalloc; copies are memcpy.
+class HostEmulationBackend : public DeviceMemoryBackend {
+ public:
+  int allocate(void** ptr, size_t bytes) override {
+    *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    return *ptr ? 0 : 2;  // cudaErrorMemoryAllocation
+  }
+  int release(void* ptr) override {
+    std::free(ptr);
+    return 0;
+  }
+  int copy(void* dst, const void* src, size_t bytes, CopyKind, void*) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return 0;
+  }
+  int synchronize(void*) override { return 0; }
+  std::string error_text(int code) override { return code ? "host allocation failed" : "no error"; }
 };
 
 }  // namespace mpq::rt::gpu
