@@ -256,6 +256,7 @@ struct Executor::CudaPath {
     } else {
       context = std::make_unique<gpu::CudaContext>();
       runtime.reset(new gpu::KernelRuntime{context->ops(), context->allocator(), context->backend(), context->stream()});
+      runtime->staging = &context->staging();
       log = &context->fallbacks();
     }
   }

@@ -42,3 +42,45 @@ TEST_CASE("nodes whose library call declines (NOT_SUPPORTED) run on the CPU inst
   CHECK(log.ops().count("Conv") == 1);
   CHECK(alloc.stats().in_use == 0);
 }
+
+TEST_CASE("inputs and outputs go through one pinned staging buffer, reused run after run", "[cuda][host_bodies][runner]") {
+  struct PinnedHostMemory : test::HostMemory {
+    int pinned_allocations = 0, pinned_live = 0;
+    int allocate_pinned(void** p, size_t bytes) override {
+      *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+      ++pinned_allocations;
+      ++pinned_live;
+      return *p ? 0 : 2;
+    }
+    int release_pinned(void* p) override {
+      std::free(p);
+      --pinned_live;
+      return 0;
+    }
+  };
+  PinnedHostMemory mem;
+  const ir::Model m = ir::load_model(test::models_dir() / "tiny_bert.onnx");  // several inputs, int64 ones too
+  const rt::Feeds feeds = test::random_feeds(m);
+  rt::Executor cpu(m);
+  const std::vector<Tensor> want = cpu.run(feeds);
+  {
+    rt::gpu::CachingAllocator alloc(mem);
+    rt::gpu::PinnedStaging staging(mem);
+    rt::gpu::KernelRuntime krt{mpq::cuda::host_ops_table(), alloc, mem, nullptr};
+    krt.staging = &staging;
+    rt::gpu::FallbackLog log;
+    for (int run = 0; run < 3; ++run) {
+      INFO("run " << run);
+      const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        CHECK(got[i].is_host());
+        REQUIRE(got[i].shape() == want[i].shape());
+        if (want[i].dtype() == DType::Float32) CHECK(test::rel_l2(got[i], want[i]) < 1e-5);
+      }
+    }
+    CHECK(mem.pinned_allocations == 1);  // one buffer for every run's inputs and outputs
+    CHECK(alloc.stats().in_use == 0);
+  }
+  CHECK(mem.pinned_live == 0);
+}

@@ -32,6 +32,14 @@ struct DeviceMemoryBackend {
   virtual int synchronize(void* stream) = 0;
   // The library's text for a code (cudaGetErrorString); may be empty.
   virtual std::string error_text(int code) { return code ? "" : "no error"; }
+  // Page-locked host memory for staging copies (cudaMallocHost), so that host<->device copies are
+  // real DMA that overlaps with work; backends without it return cudaErrorNotSupported (801) and
+  // copies go through pageable memory.
+  virtual int allocate_pinned(void** ptr, size_t) {
+    *ptr = nullptr;
+    return 801;
+  }
+  virtual int release_pinned(void*) { return 0; }
 };
 
 struct AllocatorStats {

@@ -40,6 +40,7 @@ CudaContext::CudaContext() {
     ops_ = api_->host_ops;
     backend_ = std::make_unique<HostEmulationBackend>();
     allocator_ = std::make_unique<CachingAllocator>(*backend_);
+    staging_ = std::make_unique<PinnedStaging>(*backend_);  // no pinned memory here: pageable copies
     return;
   }
   if (!api_->ops) fail_input("--device cuda: the CUDA plugin has no kernel table");
@@ -50,9 +51,11 @@ CudaContext::CudaContext() {
                code);
   backend_ = std::make_unique<PluginMemoryBackend>(*api_);
   allocator_ = std::make_unique<CachingAllocator>(*backend_);
+  staging_ = std::make_unique<PinnedStaging>(*backend_);
 }
 
 CudaContext::~CudaContext() {
+  staging_.reset();
   allocator_.reset();  // returns the cached blocks before the stream goes
   if (stream_) api_->stream_destroy(stream_);
 }

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda_api.h"
 #include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/plugin_backend.h"
 
 namespace mpq::rt::gpu {
@@ -44,6 +45,7 @@ class CudaContext {
   CachingAllocator& allocator() { return *allocator_; }
   DeviceMemoryBackend& backend() { return *backend_; }
   FallbackLog& fallbacks() { return fallbacks_; }
+  PinnedStaging& staging() { return *staging_; }
 
  private:
   const cuda::CudaApi* api_ = nullptr;
@@ -51,6 +53,7 @@ class CudaContext {
   void* stream_ = nullptr;
   std::unique_ptr<DeviceMemoryBackend> backend_;
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<PinnedStaging> staging_;
   FallbackLog fallbacks_;
 };
 

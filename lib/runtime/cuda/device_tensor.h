@@ -5,6 +5,7 @@
 // outlive the tensors (the executor owns all three). Tested on the host with a fake backend
 // (tests/runtime/cuda_allocator_test.cpp); NEVER RUN on a GPU yet.
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "runtime/cuda/caching_allocator.h"
@@ -22,5 +23,35 @@ Tensor to_device(const Tensor& host, CachingAllocator& alloc, DeviceMemoryBacken
 // Device -> host copy; synchronizes `stream` so the result is ready on return.
 Tensor to_host(const Tensor& device, DeviceMemoryBackend& be, void* stream, const std::string& node,
                const std::string& op);
+
+// One page-locked host buffer for a run's input and output copies (grows to the largest run; one
+// per executor). Falls back to pageable copies where the backend has no pinned memory.
+class PinnedStaging {
+ public:
+  explicit PinnedStaging(DeviceMemoryBackend& be) : be_(be) {}
+  ~PinnedStaging();
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+  // At least `bytes` of pinned memory, or null when the backend has none. The previous buffer is
+  // released when it grows: callers reserve only when no copy from it is in flight.
+  void* reserve(size_t bytes);
+
+ private:
+  DeviceMemoryBackend& be_;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+  bool unsupported_ = false;
+};
+
+// Host -> device copies of `hosts` through `staging` (one memcpy into pinned memory each, then
+// asynchronous DMA); with no staging or no pinned memory, plain to_device. The staging buffer is
+// not reused before the stream passes these copies (the next run's to_host_all synchronizes).
+std::vector<Tensor> to_device_all(const std::vector<const Tensor*>& hosts, PinnedStaging* staging, CachingAllocator& alloc,
+                                  DeviceMemoryBackend& be, void* stream, const std::vector<std::string>& names);
+
+// Device -> host copies of `devs` into fresh host tensors: every copy enqueued into pinned staging,
+// one stream synchronization, then memcpy out; without staging, to_host one by one.
+std::vector<Tensor> to_host_all(const std::vector<Tensor>& devs, PinnedStaging* staging, DeviceMemoryBackend& be, void* stream,
+                                const std::vector<std::string>& names);
 
 }  // namespace mpq::rt::gpu

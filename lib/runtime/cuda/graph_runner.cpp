@@ -76,11 +76,25 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     }
     dev[v] = it->second;
   }
-  for (const ir::Value* v : g.inputs())
-    if (auto it = feeds.find(v->name()); it != feeds.end()) {
-      upload(v, it->second);
-      observe(v, it->second);
-    }
+  {
+    // The feeds, through the pinned staging buffer when there is one.
+    std::vector<const ir::Value*> fed;
+    std::vector<const Tensor*> hosts;
+    std::vector<std::string> names;
+    for (const ir::Value* v : g.inputs())
+      if (auto it = feeds.find(v->name()); it != feeds.end()) {
+        if (it->second.dtype() == DType::String) {
+          dev[v] = it->second;
+        } else {
+          fed.push_back(v);
+          hosts.push_back(&it->second);
+          names.push_back(v->name());
+        }
+        observe(v, it->second);
+      }
+    std::vector<Tensor> up = to_device_all(hosts, rt.staging, rt.alloc, rt.backend, rt.stream, names);
+    for (size_t i = 0; i < fed.size(); ++i) dev[fed[i]] = std::move(up[i]);
+  }
 
   for (size_t index = 0; index < g.nodes().size(); ++index) {
     const ir::Node& node = *g.nodes()[index];
@@ -133,18 +147,29 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     for (const ir::Value* v : node.inputs())
       if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) dev.erase(v);
   }
-  auto fetch = [&](const ir::Value* v) {
-    auto it = dev.find(v);
-    if (it == dev.end()) fail_input("value '{}' was not computed", v->name());
-    return it->second.is_host() ? it->second : to_host(it->second, rt.backend, rt.stream, v->name(), "Output");
-  };
-  if (hooks && hooks->extra_out) {
-    hooks->extra_out->clear();
-    for (const ir::Value* v : extra) hooks->extra_out->push_back(fetch(v));
+  // Outputs and requested intermediates: one batch of copies, one synchronization.
+  std::vector<const ir::Value*> wanted(g.outputs().begin(), g.outputs().end());
+  if (hooks && hooks->extra_out) wanted.insert(wanted.end(), extra.begin(), extra.end());
+  std::vector<Tensor> fetched(wanted.size()), on_device;
+  std::vector<size_t> slots;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    auto it = dev.find(wanted[i]);
+    if (it == dev.end()) fail_input("value '{}' was not computed", wanted[i]->name());
+    if (it->second.is_host()) {
+      fetched[i] = it->second;
+    } else {
+      on_device.push_back(it->second);
+      slots.push_back(i);
+      names.push_back(wanted[i]->name());
+    }
   }
-  std::vector<Tensor> result;
-  for (const ir::Value* v : g.outputs()) result.push_back(fetch(v));
-  return result;
+  std::vector<Tensor> down = to_host_all(on_device, rt.staging, rt.backend, rt.stream, names);
+  for (size_t k = 0; k < slots.size(); ++k) fetched[slots[k]] = std::move(down[k]);
+  const size_t n_out = g.outputs().size();
+  if (hooks && hooks->extra_out) hooks->extra_out->assign(fetched.begin() + static_cast<long>(n_out), fetched.end());
+  fetched.resize(n_out);
+  return fetched;
 }
 
 }  // namespace mpq::rt::gpu

@@ -11,6 +11,7 @@
 #include "ir/graph.h"
 #include "kernels/ops_table.h"
 #include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/node_plan.h"
 
 namespace mpq::rt {
@@ -26,6 +27,8 @@ struct KernelRuntime {
   void* stream = nullptr;
   // Threads for the nodes that fall back to their CPU kernels (null: one thread).
   ThreadPool* cpu_pool = nullptr;
+  // Pinned memory for the graph's input and output copies (null: pageable copies).
+  PinnedStaging* staging = nullptr;
 };
 
 // `inputs`: device tensors (undefined for omitted optional inputs). Returns one device tensor per

@@ -20,6 +20,8 @@ class PluginMemoryBackend : public DeviceMemoryBackend {
   }
   int synchronize(void* stream) override { return api_.stream_synchronize(stream); }
   std::string error_text(int code) override { return api_.error_string ? api_.error_string(code) : std::string(); }
+  int allocate_pinned(void** ptr, size_t bytes) override { return api_.host_malloc_pinned(ptr, bytes); }
+  int release_pinned(void* ptr) override { return api_.host_free_pinned(ptr); }
 
  private:
   const cuda::CudaApi& api_;
