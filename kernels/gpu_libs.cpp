@@ -191,13 +191,20 @@ LibStatus gemm(const GemmPlan& p, const void* a, const void* b, void* c, void* w
   return st ? LibStatus{1, st, "cublasLtMatmul"} : LibStatus{};
 }
 
+namespace {
+// Caller holds s.mu: the stream's handle and the plan's entry (descriptors built, algorithm chosen).
+LibStatus conv_lookup(DnnState& s, const ConvPlan& p, void* stream, cudnnHandle_t* h, ConvEntry** e) {
+  if (LibStatus st = dnn_handle(s, stream, h); !st.ok()) return st;
+  return conv_entry(s, p, *h, e);
+}
+}  // namespace
+
 LibStatus conv_workspace(const ConvPlan& p, size_t* bytes, const LaunchCtx& ctx) {
   DnnState& s = dnn_state();
   std::lock_guard<std::mutex> lock(s.mu);
   cudnnHandle_t h = nullptr;
-  if (LibStatus st = dnn_handle(s, ctx.stream, &h); !st.ok()) return st;
   ConvEntry* e = nullptr;
-  if (LibStatus st = conv_entry(s, p, h, &e); !st.ok()) return st;
+  if (LibStatus st = conv_lookup(s, p, ctx.stream, &h, &e); !st.ok()) return st;
   *bytes = e->have_algo ? e->workspace : 0;
   return {};
 }
@@ -207,9 +214,8 @@ LibStatus conv_forward(const ConvPlan& p, const float* x, const float* w, float*
   DnnState& s = dnn_state();
   std::unique_lock<std::mutex> lock(s.mu);
   cudnnHandle_t h = nullptr;
-  if (LibStatus st = dnn_handle(s, ctx.stream, &h); !st.ok()) return st;
   ConvEntry* e = nullptr;
-  if (LibStatus st = conv_entry(s, p, h, &e); !st.ok()) return st;
+  if (LibStatus st = conv_lookup(s, p, ctx.stream, &h, &e); !st.ok()) return st;
   if (!e->have_algo) {
     lock.unlock();
     if (p.type != rt::cuda_plan::ConvDataType::F32)

@@ -114,7 +114,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
   sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations (PyTorch fbgemm's reduce_range)");
   sub.add_option("--trt-cache", o->trt_cache, "also write a TensorRT calibration cache");
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
-  sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--json", o->json, "print the table and timing as JSON to stdout");
   sub.footer("Example: mpq calibrate model.onnx --data calib_data/calib --method entropy -o model.calib.json");
   sub.callback([&action, o] { action = [o] { return calibrate_command(*o); }; });

@@ -296,7 +296,7 @@ void setup_convert(CLI::App& sub, Action& action) {
                "cosine, relative L2, max abs error and top-1 agreement");
   sub.add_option("--min-cosine", o->min_cosine, "with --validate: exit 1 when an output's cosine is below this");
   sub.add_flag("--list-policy", o->list_policy, "print the op policy table and exit");
-  sub.add_option("--device", o->device, "device for --data runs: cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, std::string("device for --data runs: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads for --data runs (default: one per core)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.footer("Examples:\n"

@@ -238,7 +238,7 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
   sub.add_option("--freeze-ranges-after", o->freeze_ranges_after, "stop training the step sizes after this many steps");
   sub.add_option("--amp", o->amp, "mixed precision: off (default), fp16 (with dynamic loss scaling) or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
-  sub.add_option("--device", o->device, "cpu (default), cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, "cpu (default), auto (the CPU) or cuda (refused: training on the GPU is not written yet)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");

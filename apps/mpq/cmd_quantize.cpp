@@ -459,7 +459,7 @@ void setup_quantize(CLI::App& sub, Action& action) {
                  "fake-quantized training graph qat-finetune starts from, with mpq::FakeQuant nodes: runs in mpq, "
                  "not in other runtimes)")
       ->check(CLI::IsMember({"qdq", "qoperator", "fakequant"}));
-  sub.add_option("--device", o->device, "calibration device: cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, std::string("calibration device: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.add_option("--max-top1-drop", o->max_top1_drop,

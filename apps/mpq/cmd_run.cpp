@@ -160,7 +160,7 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
   sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
-  sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
                "before it, and a residual Add and activation after a Conv run in its epilogue)");

@@ -209,7 +209,7 @@ void setup_sensitivity(CLI::App& sub, Action& action) {
   sub.add_option("--batch-size", o->batch_size, "rows per run when a data file holds a batch (default 64)");
   sub.add_option("--class-axis", o->class_axis, "axis of class scores (default 1)");
   sub.add_option("--label-output", o->label_output, "classifier output to score (default: the first one)");
-  sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_flag("--json", o->json, "print the search as JSON to stdout");
   sub.footer(

@@ -209,7 +209,7 @@ void setup_validate(CLI::App& sub, Action& action) {
   sub.add_option("--data", o->data, "data folder (feed folders, .npy/.pb files or images; labels.npy beside them is used)")
       ->required();
   sub.add_option("--labels", o->labels, "labels file (.npy or .txt, one per sample) when not beside the data");
-  sub.add_option("--device", o->device, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--thresholds", o->thresholds, "JSON thresholds file (see docs/validate.md); flags override it");
   for (const validate::ThresholdKey& k : validate::threshold_keys()) {
     o->limits[k.key] = 0.0;

@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for the host-run kernel body tests: the launch shapes every body is run over, and
 // comparisons that report the first mismatch.
+#include <catch2/catch.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -45,6 +47,21 @@ inline int64_t first_mismatch(const float* a, const float* b, int64_t n, double 
     if (std::fabs(static_cast<double>(a[i]) - b[i]) > atol + rtol * std::fabs(static_cast<double>(b[i]))) return i;
   }
   return -1;
+}
+
+// Runs `launch(out, ctx)` for every launch shape of `expected.numel()` items (out starts as NaN)
+// and checks each result against `expected` (a float32 tensor-like with numel() and data<float>()).
+template <class Expected, class F>
+void check_every_launch(const Expected& expected, double rtol, double atol, F launch) {
+  const int64_t n = expected.numel();
+  for (const cuda::LaunchCtx& c : launches_for(n)) {
+    std::vector<float> out = nan_filled(static_cast<size_t>(n));
+    REQUIRE(launch(out.data(), c) == 0);
+    const int64_t bad = first_mismatch(out.data(), expected.template data<float>(), n, rtol, atol);
+    INFO("launch " << launch_str(c) << ", element " << bad);
+    if (bad >= 0) INFO("got " << out[bad] << ", expected " << expected.template data<float>()[bad]);
+    CHECK(bad == -1);
+  }
 }
 
 }  // namespace mpq::test

@@ -25,19 +25,6 @@ namespace {
 
 Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
 
-// Runs `launch` for every launch shape and compares its output with `expected`.
-template <class F>
-void check_all_launches(const Tensor& expected, double rtol, double atol, F launch) {
-  const int64_t n = expected.numel();
-  for (const cuda::LaunchCtx& c : test::launches_for(n)) {
-    std::vector<float> y = test::nan_filled(static_cast<size_t>(n));
-    REQUIRE(launch(y.data(), c) == 0);
-    const int64_t bad = test::first_mismatch(y.data(), expected.data<float>(), n, rtol, atol);
-    INFO("launch " << test::launch_str(c) << ", element " << bad);
-    if (bad >= 0) INFO("got " << y[bad] << ", expected " << expected.data<float>()[bad]);
-    CHECK(bad == -1);
-  }
-}
 
 }  // namespace
 
@@ -58,7 +45,7 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
     INFO(k.op);
     const Tensor x = test::random_tensor({3, 5, 7}, seed++, k.lo, k.hi);
     const Tensor want = test::run_node(k.op, {x}, {}, 1, 13, 2).at(0);
-    check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+    test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
       return cuda::host::unary(k.code, x.data<float>(), y, x.numel(), c);
     });
   }
@@ -69,7 +56,7 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
       const double v = x.data<float>()[i];
       want.data<float>()[i] = static_cast<float>(0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
     }
-    check_all_launches(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+    test::check_every_launch(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
       return cuda::host::unary(cuda::UnaryOp::Gelu, x.data<float>(), y, 37, c);
     });
   }
@@ -96,7 +83,7 @@ TEST_CASE("binary bodies broadcast as the CPU kernels do", "[cuda][host_bodies]"
       Shape out;
       const cuda::Broadcast2 bc = plan::make_broadcast2(sa, sb, &out);
       REQUIRE(out == want.shape());
-      check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::binary(k.code, bc, a.data<float>(), b.data<float>(), y, want.numel(), c);
       });
     }
@@ -120,7 +107,7 @@ TEST_CASE("reduction bodies match ReduceSum/Mean/Max/Min over every axis", "[cud
                         ? test::run_node(k.op, {x, i64({1}, {axis})}, {ir::Attribute::make_int("keepdims", 1)}, 1, 13, 2).at(0)
                         : test::run_node(k.op, {x}, {ir::Attribute::make_ints("axes", {axis})}, 1, 13, 2).at(0);
       const plan::AxisView v = plan::axis_view(shape, axis);
-      check_all_launches(want, 1e-6, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 1e-6, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::reduce(k.code, x.data<float>(), y, v.outer, v.n, v.inner, c);
       });
     }
@@ -135,7 +122,7 @@ TEST_CASE("softmax bodies match Softmax and LogSoftmax (opset 13) on every axis"
       INFO(op << " axis " << axis);
       const Tensor want = test::run_node(op, {x}, {ir::Attribute::make_int("axis", axis)}, 1, 13, 2).at(0);
       const plan::AxisView v = plan::axis_view(shape, axis);
-      check_all_launches(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::softmax(std::string(op) == "LogSoftmax", x.data<float>(), y, v.outer, v.n, v.inner, c);
       });
     }
@@ -183,14 +170,14 @@ TEST_CASE("pooling bodies match the naive references", "[cuda][host_bodies]") {
     INFO("kernel " << geo.kernel[0] << "x" << geo.kernel[1] << " ceil " << geo.ceil);
     const Tensor want_max = rt::cpu::max_pool_ref(x, g);
     REQUIRE(want_max.numel() == pg.planes * pg.oh * pg.ow);
-    check_all_launches(want_max, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+    test::check_every_launch(want_max, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
       return cuda::host::pool2d(true, false, pg, x.data<float>(), y, c);
     });
     if (!geo.dilations.empty()) continue;  // AveragePool has dilations only from opset 19
     for (bool cip : {false, true}) {
       INFO("count_include_pad " << cip);
       const Tensor want_avg = rt::cpu::avg_pool_ref(x, g, cip);
-      check_all_launches(want_avg, 1e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want_avg, 1e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::pool2d(false, cip, pg, x.data<float>(), y, c);
       });
     }
@@ -241,7 +228,7 @@ TEST_CASE("resize bodies match Resize (nearest and linear)", "[cuda][host_bodies
           g.ow = want.dim(3);
           g.scale_h = sh;
           g.scale_w = sw;
-          check_all_launches(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
+          test::check_every_launch(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
             return cuda::host::resize2d(g, x.data<float>(), y, c);
           });
         }
@@ -256,7 +243,7 @@ TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[
       const Tensor want = test::run_node("Gather", {x, i64({5}, idx)}, {ir::Attribute::make_int("axis", axis)}, 1, 13, 2).at(0);
       const plan::AxisView v = plan::axis_view(x.shape(), axis);
       int bad = 0;
-      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::gather(x.data<float>(), idx.data(), y, v.outer, v.n, v.inner, 5, &bad, c);
       });
       CHECK(bad == 0);
@@ -289,7 +276,7 @@ TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[
       INFO("slice to " << shape_str(want.shape()));
       REQUIRE(out == want.shape());
       if (want.numel() == 0) continue;
-      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::strided_copy(v, x.data<float>(), y, want.numel(), c);
       });
     }
@@ -302,7 +289,7 @@ TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[
       Shape out;
       const cuda::StridedView v = plan::make_transpose_view(x4.shape(), perm, &out);
       REQUIRE(out == want.shape());
-      check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+      test::check_every_launch(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
         return cuda::host::strided_copy(v, x4.data<float>(), y, want.numel(), c);
       });
     } while (std::next_permutation(perm.begin(), perm.end()));
@@ -311,7 +298,7 @@ TEST_CASE("gather, slice, transpose and concat bodies match the CPU kernels", "[
     const Tensor a = test::random_tensor({2, 3, 4}, 73), b = test::random_tensor({2, 1, 4}, 74),
                  d = test::random_tensor({2, 5, 4}, 75);
     const Tensor want = test::run_node("Concat", {a, b, d}, {ir::Attribute::make_int("axis", 1)}, 1, 13, 2).at(0);
-    check_all_launches(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
+    test::check_every_launch(want, 0, 0, [&](float* y, const cuda::LaunchCtx& c) {
       int64_t offset = 0;
       for (const Tensor* t : {&a, &b, &d}) {
         if (int e = cuda::host::concat_part(t->data<float>(), y, 2, t->dim(1), 4, 9, offset, c)) return e;
@@ -350,7 +337,7 @@ TEST_CASE("direct matmul and convolution bodies run the cuBLASLt/cuDNN plans as 
     r.batch = c.batch;
     const plan::GemmPlan p = plan::plan_gemm(r);
     REQUIRE(p.use_cublaslt);
-    check_all_launches(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
+    test::check_every_launch(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
       // cuBLASLt's A is mpq's B.
       return cuda::host::matmul(cuda::matmul_geom(p), b.data<float>(), a.data<float>(), y, ctx);
     });
@@ -378,7 +365,7 @@ TEST_CASE("direct matmul and convolution bodies run the cuBLASLt/cuDNN plans as 
     const plan::ConvPlan p = plan::plan_conv(plan::ConvRequest{c.x, c.w, c.strides, c.dilations, c.pads, c.group});
     REQUIRE(p.use_cudnn);
     REQUIRE(p.y_shape == want.shape());
-    check_all_launches(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
+    test::check_every_launch(want, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
       return cuda::host::conv_direct(cuda::conv_geom(p), x.data<float>(), w.data<float>(), y, ctx);
     });
   }

@@ -47,18 +47,6 @@ Tensor cpu_backward(const std::string& op, int opset, const Tensor& x, const Ten
   return ctx.mutable_grads().at(0);
 }
 
-template <class F>
-void check_launches(const Tensor& expected, double rtol, double atol, F launch) {
-  const int64_t n = expected.numel();
-  for (const cuda::LaunchCtx& c : test::launches_for(n)) {
-    std::vector<float> out = test::nan_filled(static_cast<size_t>(n));
-    REQUIRE(launch(out.data(), c) == 0);
-    const int64_t bad = test::first_mismatch(out.data(), expected.data<float>(), n, rtol, atol);
-    INFO("launch " << test::launch_str(c) << ", element " << bad);
-    if (bad >= 0) INFO("got " << out[bad] << ", expected " << expected.data<float>()[bad]);
-    CHECK(bad == -1);
-  }
-}
 
 }  // namespace
 
@@ -81,7 +69,7 @@ TEST_CASE("unary backward bodies match the CPU backward kernels", "[cuda][host_b
     const Tensor y = test::run_node(c.op, {x}, {}, 1, c.opset, 1).at(0);
     const Tensor want = cpu_backward(c.op, c.opset, x, y, dy);
     REQUIRE(want.defined());
-    check_launches(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+    test::check_every_launch(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
       return cuda::host::unary_grad(c.code, x.data<float>(), y.data<float>(), dy.data<float>(), dx, x.numel(), ctx);
     });
   }
@@ -97,7 +85,7 @@ TEST_CASE("softmax backward bodies match the CPU backward kernels on every axis"
       const Tensor y = test::run_node(op, {x}, attrs, 1, 13, 1).at(0);
       const Tensor want = cpu_backward(op, 13, x, y, dy, attrs);
       const rt::cuda_plan::AxisView v = rt::cuda_plan::axis_view(s, axis < 0 ? axis + 3 : axis);
-      check_launches(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+      test::check_every_launch(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
         return cuda::host::softmax_grad(std::string(op) == "LogSoftmax", y.data<float>(), dy.data<float>(), dx, v.outer, v.n,
                                         v.inner, ctx);
       });
@@ -134,7 +122,7 @@ TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape"
     }
     Tensor want(DType::Float32, c.in);
     for (int64_t i = 0; i < in_n; ++i) want.data<float>()[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
-    check_launches(want, 1e-6, 1e-6, [&](float* din, const cuda::LaunchCtx& ctx) {
+    test::check_every_launch(want, 1e-6, 1e-6, [&](float* din, const cuda::LaunchCtx& ctx) {
       return cuda::host::sum_to_shape(bc, in_dims.data(), dy.data<float>(), din, in_n, ctx);
     });
   }
