@@ -89,7 +89,7 @@ struct ConvEntry {
 
 struct DnnState {
   std::mutex mu;
-  std::map<void*, cudnnHandle_t> handles;  // one per stream
+  std::map<void*, cudnnHandle_t> handles;  // one per stream, released with it (release_stream)
   std::map<std::string, std::unique_ptr<ConvEntry>> plans;
 };
 
@@ -133,6 +133,9 @@ LibStatus conv_entry(DnnState& s, const ConvPlan& p, cudnnHandle_t h, ConvEntry*
     // Heuristic order; the first that works within the budget.
     for (int i = 0; e.search_status == 0 && i < returned; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= p.workspace_limit) {
+        // The heuristic's workspace figure holds for the math type it assumed: set that one.
+        e.search_status = cudnnSetConvolutionMathType(e.desc->conv, perf[i].mathType);
+        if (e.search_status) return LibStatus{2, e.search_status, "cudnnSetConvolutionMathType"};
         e.have_algo = true;
         e.algo = perf[i].algo;
         e.workspace = perf[i].memory;
@@ -198,6 +201,15 @@ LibStatus conv_lookup(DnnState& s, const ConvPlan& p, void* stream, cudnnHandle_
   return conv_entry(s, p, *h, e);
 }
 }  // namespace
+
+void release_stream(void* stream) {
+  DnnState& s = dnn_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.handles.find(stream);
+  if (it == s.handles.end()) return;
+  cudnnDestroy(it->second);
+  s.handles.erase(it);
+}
 
 LibStatus conv_workspace(const ConvPlan& p, size_t* bytes, const LaunchCtx& ctx) {
   DnnState& s = dnn_state();

@@ -85,7 +85,9 @@ inline ConvGeom conv_geom(const rt::cuda_plan::ConvPlan& p) {
   /* the workspace the chosen forward algorithm needs (0 for the direct body) */                                 \
   LibStatus conv_workspace(const rt::cuda_plan::ConvPlan& p, size_t* bytes, const LaunchCtx& ctx);              \
   LibStatus conv_forward(const rt::cuda_plan::ConvPlan& p, const float* x, const float* w, float* y,             \
-                         void* workspace, size_t workspace_bytes, const LaunchCtx& ctx);
+                         void* workspace, size_t workspace_bytes, const LaunchCtx& ctx);                         \
+  /* the library state bound to a stream that is about to be destroyed (cuDNN's handle) */                       \
+  void release_stream(void* stream);
 
 namespace host {
 MPQ_CUDA_DECLARE_LIBS

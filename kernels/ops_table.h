@@ -34,6 +34,7 @@ struct OpsTable {
   LibStatus (*conv_workspace)(const rt::cuda_plan::ConvPlan&, size_t*, const LaunchCtx&);
   LibStatus (*conv_forward)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
                             const LaunchCtx&);
+  void (*release_stream)(void*);
 };
 
 const OpsTable& host_ops_table();  // in mpq_cuda_host

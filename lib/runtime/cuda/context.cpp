@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "kernels/ops_table.h"
 #include "runtime/cuda_loader.h"
 
 namespace mpq::rt::gpu {
@@ -57,7 +58,10 @@ CudaContext::CudaContext() {
 CudaContext::~CudaContext() {
   staging_.reset();
   allocator_.reset();  // returns the cached blocks before the stream goes
-  if (stream_) api_->stream_destroy(stream_);
+  if (stream_) {
+    if (ops_ && ops_->release_stream) ops_->release_stream(stream_);  // cuDNN's handle bound to it
+    api_->stream_destroy(stream_);
+  }
 }
 
 }  // namespace mpq::rt::gpu

@@ -49,10 +49,15 @@ PinnedStaging::~PinnedStaging() {
   if (ptr_) be_.release_pinned(ptr_);
 }
 
-void* PinnedStaging::reserve(size_t bytes) {
+void* PinnedStaging::reserve(size_t bytes, void* stream) {
   if (unsupported_) return nullptr;
   if (bytes <= size_ && ptr_) return ptr_;
-  if (ptr_) be_.release_pinned(ptr_);
+  if (ptr_) {
+    const int code = be_.synchronize(stream);
+    cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, "cudaStreamSynchronize", be_.error_text(code), "",
+                                 "staging");
+    be_.release_pinned(ptr_);
+  }
   ptr_ = nullptr;
   size_ = 0;
   const size_t want = std::max(bytes, size_t{1} << 20);
@@ -69,7 +74,7 @@ std::vector<Tensor> to_device_all(const std::vector<const Tensor*>& hosts, Pinne
                                   DeviceMemoryBackend& be, void* stream, const std::vector<std::string>& names) {
   size_t total = 0;
   for (const Tensor* h : hosts) total += round_up(h->nbytes());
-  char* pinned = staging && total ? static_cast<char*>(staging->reserve(total)) : nullptr;
+  char* pinned = staging && total ? static_cast<char*>(staging->reserve(total, stream)) : nullptr;
   if (pinned) {
     // A run that failed half-way may have left copies from the buffer in flight.
     const int code = be.synchronize(stream);
@@ -97,7 +102,7 @@ std::vector<Tensor> to_host_all(const std::vector<Tensor>& devs, PinnedStaging* 
                                 const std::vector<std::string>& names) {
   size_t total = 0;
   for (const Tensor& d : devs) total += round_up(d.nbytes());
-  char* pinned = staging && total ? static_cast<char*>(staging->reserve(total)) : nullptr;
+  char* pinned = staging && total ? static_cast<char*>(staging->reserve(total, stream)) : nullptr;
   std::vector<Tensor> out;
   if (!pinned) {
     for (size_t i = 0; i < devs.size(); ++i) out.push_back(to_host(devs[i], be, stream, names[i], "Output"));

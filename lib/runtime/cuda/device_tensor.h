@@ -32,9 +32,9 @@ class PinnedStaging {
   ~PinnedStaging();
   PinnedStaging(const PinnedStaging&) = delete;
   PinnedStaging& operator=(const PinnedStaging&) = delete;
-  // At least `bytes` of pinned memory, or null when the backend has none. The previous buffer is
-  // released when it grows: callers reserve only when no copy from it is in flight.
-  void* reserve(size_t bytes);
+  // At least `bytes` of pinned memory, or null when the backend has none. When it grows, `stream`
+  // is synchronized first, so no queued copy still reads the buffer that is released.
+  void* reserve(size_t bytes, void* stream);
 
  private:
   DeviceMemoryBackend& be_;
