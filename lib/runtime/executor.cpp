@@ -325,8 +325,7 @@ std::vector<Tensor> Executor::run(const Feeds& feeds) { return run(feeds, {}, nu
 
 std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::string>& extra_values,
                                   std::vector<Tensor>* extra_out) {
-  check_feeds(feeds);
-  if (cuda_ && !cuda_->whole_model_on_cpu) {
+  if (cuda_ && !cuda_->whole_model_on_cpu) {  // run_graph checks the feeds itself
     gpu::GraphRunHooks hooks;
     hooks.observer = &observer_;
     hooks.extra_values = extra_values;
@@ -334,6 +333,7 @@ std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::str
     hooks.constants = &cuda_->constants;
     return gpu::run_graph(model_, feeds, *cuda_->runtime, *cuda_->log, nullptr, &hooks);
   }
+  check_feeds(feeds);
   const GraphPlan& plan = impl_->plan_graph(*model_.graph);
   std::vector<Tensor> env(plan.slot_values.size());
   for (const auto& [s, t] : plan.constants) env[static_cast<size_t>(s)] = t;
