@@ -13,6 +13,7 @@
 #include "ir/onnx_io.h"
 #include "ir/onnx_tools.h"
 #include "ir/verify.h"
+#include "passes/block_conv_layout.h"
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
@@ -61,8 +62,11 @@ int run_command(const RunOpts& o) {
     passes::FuseConvActivation fuse_act;
     // FusedConv (Conv + residual Add + activation) is a CPU kernel; the CUDA path runs Conv through
     // cuDNN and the Add/activation bodies, so it keeps the nodes apart.
+    // Tensors between oneDNN convolutions stay in its channel-blocked layout (no reorders).
+    passes::BlockConvLayout block_layout(std::max<int64_t>(rt::cpu_conv_channel_block(), 8));
     std::vector<passes::Pass*> pipeline = {&fold, &fuse_bn};
     if (backend == rt::BackendKind::CPU) pipeline.push_back(&fuse_act);
+    if (backend == rt::BackendKind::CPU && rt::cpu_conv_channel_block() > 0) pipeline.push_back(&block_layout);
     for (passes::Pass* pass : pipeline)
       for (const auto& note : passes::run_pass(*pass, model).notes) spdlog::debug("{}", note);
   }

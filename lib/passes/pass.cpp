@@ -6,6 +6,7 @@
 #include "ir/verify.h"
 #include "passes/convert_precision.h"
 #include "passes/fold_constants.h"
+#include "passes/block_conv_layout.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
 #include "passes/quantize_dynamic.h"
@@ -66,6 +67,8 @@ void register_all_passes(PassRegistry& r) {
   r.add("fold_constants", [] { return std::make_unique<FoldConstants>(); });
   r.add("fuse_conv_bn", [] { return std::make_unique<FuseConvBn>(); });
   r.add("fuse_conv_activation", [] { return std::make_unique<FuseConvActivation>(); });
+  // The AVX2 block; `mpq run` constructs it with the block of the CPU it runs on.
+  r.add("block_conv_layout", [] { return std::make_unique<BlockConvLayout>(8); });
   r.add("convert_precision", [] { return std::make_unique<ConvertPrecision>(); });
   r.add("quantize_dynamic", [] { return std::make_unique<QuantizeDynamic>(); });
 }

@@ -1,6 +1,7 @@
 #include "runtime/devices.h"
 
 #include "core/error.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda_loader.h"
 
@@ -49,5 +50,7 @@ BackendKind resolve_device(const std::string& flag) {
   }
   fail_input("--device must be cpu, cuda or auto, got '{}'", flag);
 }
+
+int64_t cpu_conv_channel_block() { return cpu::onednn_channel_block(); }
 
 }  // namespace mpq::rt

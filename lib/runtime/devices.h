@@ -1,6 +1,7 @@
 #pragma once
 // What compute devices this build can use: the CPU always, CUDA when built with it and a device
 // and a new-enough driver are present.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,9 @@ bool cuda_available();
 // Resolves a --device flag ("cpu", "cuda", "auto"); asking for CUDA where there is none is a
 // BadInput error that says why.
 BackendKind resolve_device(const std::string& flag);
+
+// The channel block of the CPU's convolution layout (8 or 16; passes/block_conv_layout), or 0 where
+// oneDNN is not built in or switched off (MPQ_ONEDNN=0) and convolutions run on plain NCHW.
+int64_t cpu_conv_channel_block();
 
 }  // namespace mpq::rt

@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/math_util.h"
@@ -540,6 +541,57 @@ Epilogue read_epilogue(const KernelContext& ctx, const Tensor& y_like, const Sha
   return e;
 }
 
+// FusedConv's x_block, z_block and y_block (passes/block_conv_layout): which of X, Z and Y hold
+// channel-blocked data (runtime/cpu/channel_blocks.h) rather than plain NCHW.
+struct BlockedIo {
+  int64_t x = 0, z = 0, y = 0;
+  bool any() const { return x != 0 || z != 0 || y != 0; }
+};
+
+BlockedIo read_blocked_io(const KernelContext& ctx, const Tensor& x, int64_t M, bool has_z) {
+  BlockedIo io;
+  const ir::Node& n = ctx.node();
+  if (n.op_type != "FusedConv") return io;
+  io.x = n.attr_int("x_block", 0);
+  io.z = n.attr_int("z_block", 0);
+  io.y = n.attr_int("y_block", 0);
+  if (!io.any()) return io;
+  for (const int64_t b : {io.x, io.z, io.y})
+    if (!valid_channel_block(b)) ctx.fail("channel block {} is not 0, 8 or 16", b);
+  if (x.dtype() != DType::Float32 || x.rank() != 4)
+    ctx.fail("channel-blocked layouts need a float32 2-D convolution, got {}{}", dtype_name(x.dtype()),
+             shape_str(x.shape()));
+  if (io.x && x.dim(1) % io.x != 0) ctx.fail("X has {} channels, not a multiple of its block {}", x.dim(1), io.x);
+  if ((io.y && M % io.y != 0) || (io.z && M % io.z != 0))
+    ctx.fail("the output's {} channels are not a multiple of the channel block", M);
+  if (io.z && !has_z) ctx.fail("z_block is set but there is no Z input");
+  return io;
+}
+
+// A channel-blocked convolution that oneDNN does not run (no direct kernel for the shape): plain
+// copies of the blocked inputs, mpq's kernels, and the result blocked if Y is.
+void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G,
+                           const Window& win, Epilogue epi, const BlockedIo& io, Tensor& y) {
+  ThreadPool& pool = ctx.pool();
+  const int64_t N = x.dim(0);
+  const int64_t xs = x.dim(2) * x.dim(3), ys = y.dim(2) * y.dim(3);
+  Tensor plain_x = x;
+  if (io.x) {
+    plain_x = Tensor(DType::Float32, x.shape());
+    from_channel_blocks(pool, x.data<float>(), plain_x.data<float>(), N, x.dim(1), xs, io.x);
+  }
+  Tensor plain_z;
+  if (io.z) {
+    plain_z = Tensor(DType::Float32, y.shape());
+    from_channel_blocks(pool, static_cast<const float*>(epi.z), plain_z.data<float>(), N, y.dim(1), ys, io.z);
+    epi.z = plain_z.raw_data();
+  }
+  Tensor plain_y = io.y ? Tensor(DType::Float32, y.shape()) : y;
+  if (!conv_typed<float>(ctx, plain_x, w, b, G, win, epi, plain_y))
+    apply_epilogue_all(pool, epi, plain_y.data<float>(), plain_y.numel());
+  if (io.y) to_channel_blocks(pool, plain_y.data<float>(), y.data<float>(), N, y.dim(1), ys, io.y);
+}
+
 void conv_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Tensor& w = ctx.input(1);
@@ -559,6 +611,19 @@ void conv_kernel(KernelContext& ctx) {
   Shape yshape{x.dim(0), M};
   yshape.insert(yshape.end(), win.out.begin(), win.out.end());
   const Epilogue epi = read_epilogue(ctx, x, yshape);
+  const BlockedIo io = read_blocked_io(ctx, x, M, epi.z != nullptr);
+  if (io.any()) {
+    Tensor& y = ctx.alloc_output(0, x.dtype(), yshape);
+    if (y.numel() == 0) return;
+    DnnlConvShape ds = dnnl_shape(x.dim(0), C, M, G, to_window3(win), b != nullptr, epi);
+    ds.x_block = io.x;
+    ds.z_block = io.z;
+    ds.y_block = io.y;
+    if (C == 0 || !onednn_conv_forward(ctx.pool(), ds, x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr,
+                             static_cast<const float*>(epi.z), y.data<float>()))
+      conv_blocked_fallback(ctx, x, w, b, G, win, epi, io, y);
+    return;
+  }
   if (win.rank() > 3) {
     WindowGeometry geo{kernel, win.strides, win.dilations, win.pads, G, false};
     Tensor y = conv_ref(x, w, b, geo);

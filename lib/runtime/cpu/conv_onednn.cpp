@@ -80,6 +80,7 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
   return false;
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
+int64_t onednn_channel_block() { return 0; }
 
 #else
 
@@ -92,10 +93,11 @@ using dt = memory::data_type;
 // Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
-                       float, int, bool>;
+                       float, int, bool, int64_t, int64_t, int64_t>;
 Key key_of(const DnnlConvShape& s, int threads, bool backward) {
   return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
-          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, backward};
+          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, backward, s.x_block,
+          s.z_block, s.y_block};
 }
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -118,8 +120,9 @@ struct Plan {
   memory::desc user_src, user_wei, user_dst, user_bias;
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward conv;
+  memory::desc user_z;  // the residual's layout (forward)
   dnnl::reorder src_in, wei_in, dst_out, z_in;
-  bool reorder_src = false, reorder_wei = false, reorder_dst = false;
+  bool reorder_src = false, reorder_wei = false, reorder_dst = false, reorder_z = false;
   bool direct = false;  // a jit direct kernel, not oneDNN's im2col + GEMM or reference fallback
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
@@ -185,13 +188,21 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
   return p;
 }
 
+// Plain NCHW, or the channel-blocked layout of runtime/cpu/channel_blocks.h (aBcd8b is nChw8c).
+memory::desc activation_desc(const memory::dims& dims, int64_t block) {
+  if (block == 8) return memory::desc(dims, dt::f32, tag::aBcd8b);
+  if (block == 16) return memory::desc(dims, dt::f32, tag::aBcd16b);
+  return memory::desc(dims, dt::f32, tag::nchw);
+}
+
 std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   auto p = std::make_shared<Plan>();
   const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
   const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
                                        : memory::dims{s.m, s.c, s.kh, s.kw};
-  p->user_src = memory::desc(src, dt::f32, tag::nchw);
-  p->user_dst = memory::desc(dst, dt::f32, tag::nchw);
+  p->user_src = activation_desc(src, s.x_block);
+  p->user_dst = activation_desc(dst, s.y_block);
+  p->user_z = activation_desc(dst, s.z_block);
   p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
   p->user_bias = s.bias ? memory::desc({s.m}, dt::f32, tag::x) : memory::desc();
   dnnl::primitive_attr attr;
@@ -200,10 +211,12 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   // at once whatever oneDNN's build options.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // tag::any lets oneDNN pick its blocked layouts, where its direct (jit) kernels run; on plain
-  // NCHW it would fall back to im2col + GEMM, no faster than mpq's own.
+  // NCHW it would fall back to im2col + GEMM, no faster than mpq's own. A tensor that already is
+  // channel-blocked is taken (or written) in that layout, so that no reorder is needed.
   auto d = dnnl::convolution_forward::desc(
-      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, memory::desc(src, dt::f32, tag::any),
-      memory::desc(wei, dt::f32, tag::any), p->user_bias, memory::desc(dst, dt::f32, tag::any), {s.sh, s.sw},
+      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      s.x_block ? p->user_src : memory::desc(src, dt::f32, tag::any), memory::desc(wei, dt::f32, tag::any),
+      p->user_bias, s.y_block ? p->user_dst : memory::desc(dst, dt::f32, tag::any), {s.sh, s.sw},
       {s.dh - 1, s.dw - 1}, {s.pt, s.pl}, {s.pb, s.pr});
   p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
   const std::string impl = p->pd.impl_info_str();
@@ -213,13 +226,13 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->reorder_src = p->pd.src_desc() != p->user_src;
   p->reorder_wei = p->pd.weights_desc() != p->user_wei;
   p->reorder_dst = p->pd.dst_desc() != p->user_dst;
+  p->reorder_z = s.residual && p->pd.dst_desc() != p->user_z;
   if (p->reorder_src) p->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_src, engine(), p->pd.src_desc()));
   if (p->reorder_wei)
     p->wei_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_wei, engine(), p->pd.weights_desc()));
-  if (p->reorder_dst) {
+  if (p->reorder_dst)
     p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
-    p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_dst, engine(), p->pd.dst_desc()));
-  }
+  if (p->reorder_z) p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_z, engine(), p->pd.dst_desc()));
   return p;
 }
 
@@ -239,7 +252,13 @@ class PlanCache {
         return it->second.first;
       }
     }
-    std::shared_ptr<Plan> p = backward ? make_backward_data_plan(s) : make_plan(s);  // milliseconds: outside the lock
+    std::shared_ptr<Plan> p;  // milliseconds: outside the lock
+    try {
+      p = backward ? make_backward_data_plan(s) : make_plan(s);
+    } catch (const dnnl::error&) {
+      // No implementation at all for these layouts: mpq's kernels run the shape.
+      p = std::make_shared<Plan>();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(k);
     if (it != map_.end()) return it->second.first;
@@ -326,7 +345,9 @@ namespace {
 // so it is set first and is part of the cache key.
 std::shared_ptr<Plan> usable_plan(ThreadPool& pool, const DnnlConvShape& s, bool backward) {
   if (!onednn_enabled() || !allowed_here()) return nullptr;
-  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && mpq_is_faster(s))
+  // Blocked tensors go to oneDNN whenever it has a direct kernel: mpq's would convert both ways.
+  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && !s.blocked() &&
+      mpq_is_faster(s))
     return nullptr;
   const int team = team_size(s, pool.size());
   if (omp_get_max_threads() != team) omp_set_num_threads(team);
@@ -335,6 +356,14 @@ std::shared_ptr<Plan> usable_plan(ThreadPool& pool, const DnnlConvShape& s, bool
 }
 
 }  // namespace
+
+int64_t onednn_channel_block() {
+  if (!onednn_enabled()) return 0;
+  // The ISA values are bit sets: every AVX-512 core level contains avx512_core's bits.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512 ? 16 : 8;
+}
 
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y) {
@@ -352,11 +381,12 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   if (p->reorder_src) p->src_in.execute(stream, usrc, src);
   if (p->reorder_wei) p->wei_in.execute(stream, uwei, wei);
   if (s.residual) {
-    memory uz(p->user_dst, eng, const_cast<float*>(z));
-    if (p->reorder_dst) {
+    // The sum post-op adds what dst holds: Z goes there first, in dst's layout.
+    if (p->reorder_z) {
+      memory uz(p->user_z, eng, const_cast<float*>(z));
       p->z_in.execute(stream, uz, dst);
     } else {
-      std::copy(z, z + s.n * s.m * s.oh * s.ow, y);
+      std::copy(z, z + s.n * s.m * s.oh * s.ow, static_cast<float*>(dst.get_data_handle()));
     }
   }
   thread_local Scratch s_pad;

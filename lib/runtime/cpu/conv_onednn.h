@@ -29,6 +29,10 @@ struct DnnlConvShape {
   bool bias = false, residual = false;
   DnnlAct act = DnnlAct::None;
   float p0 = 0.0f, p1 = 0.0f;
+  // Layout of x, z and y: 0 = plain NCHW, 8 or 16 = channel-blocked (runtime/cpu/channel_blocks.h),
+  // as passes/block_conv_layout marks them. A blocked tensor is used by oneDNN as it is.
+  int64_t x_block = 0, z_block = 0, y_block = 0;
+  bool blocked() const { return x_block != 0 || z_block != 0 || y_block != 0; }
 };
 
 // The geometry of a 1-D/2-D convolution window (g in its rank-3 form, leading dimension 1) as oneDNN
@@ -58,6 +62,11 @@ class ScopedOnednn {
   int previous_;
 };
 
+// The channel block oneDNN's direct kernels prefer on this CPU (16 with AVX-512, else 8), or 0 where
+// oneDNN is not compiled in or switched off: passes/block_conv_layout keeps tensors between
+// convolutions in that layout.
+int64_t onednn_channel_block();
+
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
 
@@ -69,7 +78,8 @@ uint64_t onednn_conv_count();
 // convolutions whose channels per group are not a multiple of its vector block, for instance) are
 // left to mpq: that is what mpq does too, and oneDNN's GEMM splits its reduction by thread count,
 // so its results would not be the same bits on one thread and on two; its direct kernels sum every
-// output in one fixed order.
+// output in one fixed order. With s.blocked(), x, z and y are in the layouts s names, and oneDNN runs
+// the shape whenever it has a direct kernel for it (mpq's kernels would need both conversions).
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y);
 

@@ -1,0 +1,31 @@
+#pragma once
+#include <cstdint>
+
+#include "passes/pass.h"
+
+namespace mpq::passes {
+
+// Inference-time layout choice for `mpq run` on the CPU, after fuse_conv_activation: a float32
+// tensor that flows only from one 2-D convolution into others (as their X or residual Z) stays in
+// oneDNN's channel-blocked layout (nChw8c on AVX2, nChw16c on AVX-512) instead of being reordered
+// to NCHW after the producer and back before every consumer, as ONNX Runtime's NCHWc
+// transformation does. The producing and consuming convolutions become mpq::FusedConv nodes
+// carrying x_block / z_block / y_block attributes; the tensor keeps its NCHW shape (its channels
+// are a multiple of the block, so it holds the same number of elements). Guarded: never a graph
+// output or a value a subgraph reads, never a tensor any other op reads, float32 only, channels a
+// multiple of the block. The kernel runs a blocked convolution through oneDNN, or through mpq's
+// kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice
+// is always safe; it only pays where oneDNN runs both ends.
+class BlockConvLayout : public Pass {
+ public:
+  // block: 8 or 16 (runtime/cpu/conv_onednn.h's onednn_channel_block()).
+  explicit BlockConvLayout(int64_t block) : block_(block) {}
+  std::string name() const override { return "block_conv_layout"; }
+  std::vector<std::string> target_ops() const override { return {"Conv", "FusedConv"}; }
+  PassStats run(ir::Model& model) override;
+
+ private:
+  int64_t block_;
+};
+
+}  // namespace mpq::passes

@@ -1,0 +1,27 @@
+#pragma once
+// The channel-blocked activation layout oneDNN's direct convolutions run on (nChw8c on AVX2,
+// nChw16c on AVX-512): a [N, C, H, W] tensor stored as [N, C/b, H, W, b], so that b channels of one
+// pixel sit in one vector register. passes/block_conv_layout keeps tensors that flow from one
+// oneDNN convolution to the next in this layout, so neither reorders them; these functions convert
+// where a kernel has to see plain NCHW after all (mpq's own convolution kernels as the fallback).
+// C must be a multiple of b (the pass blocks no other tensor), so both layouts hold the same number
+// of elements and the tensor keeps its NCHW shape. Not a public API.
+#include <cstdint>
+
+namespace mpq::rt {
+class ThreadPool;
+}
+
+namespace mpq::rt::cpu {
+
+// The block sizes a tensor may carry (0 = plain NCHW).
+bool valid_channel_block(int64_t block);
+
+// dst[n, c / b, s, c % b] = src[n, c, s] for the `spatial` positions s (H * W).
+void to_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n, int64_t c, int64_t spatial,
+                       int64_t block);
+// The inverse: src in [N, C/b, S, b] back to dst in [N, C, S].
+void from_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n, int64_t c, int64_t spatial,
+                         int64_t block);
+
+}  // namespace mpq::rt::cpu

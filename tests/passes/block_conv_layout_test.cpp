@@ -1,0 +1,159 @@
+// block_conv_layout: tensors that flow only between 2-D float32 convolutions are marked
+// channel-blocked (producer's y_block, readers' x_block / z_block), plain Convs on such edges become
+// mpq::FusedConv, guarded edges (graph outputs, other readers, channel counts not a multiple of the
+// block, subgraph readers) stay plain, and the model computes the same outputs on oneDNN and on
+// mpq's kernels (the fallback with explicit conversions); the verifier accepts every result.
+#include <catch2/catch.hpp>
+
+#include "ir/onnx_tools.h"
+#include "ir/verify.h"
+#include "passes/block_conv_layout.h"
+#include "passes/fuse_conv_activation.h"
+#include "runtime/cpu/conv_onednn.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+using namespace mpq::ir;
+
+namespace {
+
+Node* add_conv(Graph& g, Value* x, int64_t c, int64_t m, int64_t k, const std::string& name, uint32_t seed) {
+  Value* w = g.add_initializer(name + "_w", test::random_tensor({m, c, k, k}, seed, -0.5f, 0.5f));
+  Value* b = g.add_initializer(name + "_b", test::random_tensor({m}, seed + 1));
+  Value* y = g.add_value(name + "_y");
+  Node* n = g.add_node("Conv", {x, w, b}, {y}, name);
+  const int64_t p = k / 2;
+  n->set_attr(Attribute::make_ints("pads", {p, p, p, p}));
+  return n;
+}
+
+Value* add_relu(Graph& g, Value* x, const std::string& name) {
+  Value* y = g.add_value(name);
+  g.add_node("Relu", {x}, {y}, name + "_relu");
+  return y;
+}
+
+// x[2,3,10,10] -> a (3->16) relu -> r1 -> b (16->16) + r1, relu -> r2 -> c (16->24, 1x1) -> r3
+//   -> d (24->12) -> r4 -> GlobalAveragePool -> y; r2 also feeds e (16->8) -> GlobalAveragePool -> y2.
+// With `tap`, r3 is also read by a Relu that is a graph output.
+Model chain_model(bool tap) {
+  Model m;
+  m.set_opset("", 17);
+  Graph& g = *m.graph;
+  Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{2, 3, 10, 10}));
+  g.add_input(x);
+  Value* r1 = add_relu(g, add_conv(g, x, 3, 16, 3, "a", 1)->output(0), "r1");
+  Value* b = add_conv(g, r1, 16, 16, 3, "b", 3)->output(0);
+  Value* sum = g.add_value("sum");
+  g.add_node("Add", {b, r1}, {sum}, "add");
+  Value* r2 = add_relu(g, sum, "r2");
+  Value* r3 = add_conv(g, r2, 16, 24, 1, "c", 5)->output(0);
+  Value* r4 = add_conv(g, r3, 24, 12, 3, "d", 7)->output(0);
+  Value* y = g.add_value("y");
+  g.add_node("GlobalAveragePool", {r4}, {y}, "gap");
+  g.add_output(y);
+  Value* e = add_conv(g, r2, 16, 8, 3, "e", 9)->output(0);
+  Value* y2 = g.add_value("y2");
+  g.add_node("GlobalAveragePool", {e}, {y2}, "gap2");
+  g.add_output(y2);
+  if (tap) g.add_output(add_relu(g, r3, "tap"));
+  return m;
+}
+
+const Node& node_named(const Model& m, const std::string& name) {
+  for (const auto& n : m.graph->nodes())
+    if (n->name == name) return *n;
+  FAIL("no node " << name);
+  throw;
+}
+
+struct Blocks {
+  int64_t x, z, y;
+};
+Blocks blocks_of(const Model& m, const std::string& name) {
+  const Node& n = node_named(m, name);
+  return {n.attr_int("x_block", 0), n.attr_int("z_block", 0), n.attr_int("y_block", 0)};
+}
+
+rt::Feeds feeds() { return {{"x", test::random_tensor({2, 3, 10, 10}, 42, -2.0f, 2.0f)}}; }
+
+// The model's outputs before and after the passes agree, with oneDNN and with mpq's kernels.
+void check_same_outputs(const Model& before, const Model& after) {
+  const auto want = test::run_model(before, feeds());
+  for (const auto use : {rt::cpu::OnednnUse::Auto, rt::cpu::OnednnUse::Off}) {
+    rt::cpu::ScopedOnednn scope(use);
+    const auto got = test::run_model(after, feeds());
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-5);
+  }
+}
+
+Model fused_and_blocked(Model m, int64_t block, passes::PassStats* stats = nullptr) {
+  infer_shapes(m);  // as `mpq run` does: the residual Add fuses only between known, equal shapes
+  passes::FuseConvActivation fuse;
+  passes::run_pass(fuse, m);
+  passes::BlockConvLayout pass(block);
+  passes::PassStats s = passes::run_pass(pass, m);
+  REQUIRE(verify(m).empty());
+  if (stats) *stats = s;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("block_conv_layout keeps convolution-to-convolution tensors blocked", "[passes][blocked]") {
+  const Model plain = chain_model(false);
+  passes::PassStats stats;
+  const Model m = fused_and_blocked(chain_model(false), 8, &stats);
+  CHECK(stats.changed == 3);  // r1, r2, r3
+  const Blocks a = blocks_of(m, "a"), b = blocks_of(m, "b"), c = blocks_of(m, "c"), d = blocks_of(m, "d"),
+               e = blocks_of(m, "e");
+  CHECK((a.x == 0 && a.z == 0 && a.y == 8));
+  CHECK((b.x == 8 && b.z == 8 && b.y == 8));  // r1 is both its input and its residual
+  CHECK((c.x == 8 && c.y == 8));
+  CHECK((d.x == 8 && d.y == 0));  // 12 output channels, read by a pooling: plain
+  CHECK((e.x == 8 && e.y == 0));
+  // c had no activation: it became a FusedConv to carry the layout.
+  CHECK(node_named(m, "c").op_type == "FusedConv");
+  CHECK(node_named(m, "c").domain == "mpq");
+  CHECK(test::count_ops(m, "Conv") == 0);
+  check_same_outputs(plain, m);
+}
+
+TEST_CASE("block_conv_layout with 16-channel blocks skips 24-channel tensors", "[passes][blocked]") {
+  const Model m = fused_and_blocked(chain_model(false), 16);
+  CHECK(blocks_of(m, "a").y == 16);
+  CHECK(blocks_of(m, "b").y == 16);
+  CHECK(blocks_of(m, "c").x == 16);
+  CHECK(blocks_of(m, "c").y == 0);  // r3 has 24 channels
+  CHECK(blocks_of(m, "d").x == 0);
+  check_same_outputs(chain_model(false), m);
+}
+
+TEST_CASE("block_conv_layout leaves tensors other ops or the caller read", "[passes][blocked]") {
+  const Model m = fused_and_blocked(chain_model(true), 8);
+  CHECK(blocks_of(m, "c").y == 0);  // r3 is also read by the tap Relu
+  CHECK(blocks_of(m, "d").x == 0);
+  CHECK(blocks_of(m, "b").y == 8);  // the rest of the chain is unaffected
+  check_same_outputs(chain_model(true), m);
+
+  // A graph output is never blocked, even when only convolutions read it otherwise.
+  auto with_r3_output = [] {
+    Model m = chain_model(false);
+    for (Value* v : m.graph->values())
+      if (v->name() == "c_y") m.graph->add_output(v);
+    return m;
+  };
+  const Model out = fused_and_blocked(with_r3_output(), 8);
+  CHECK(blocks_of(out, "c").y == 0);
+  CHECK(blocks_of(out, "d").x == 0);
+  CHECK(blocks_of(out, "b").y == 8);
+  check_same_outputs(with_r3_output(), out);
+}
+
+TEST_CASE("block_conv_layout rejects a block size the kernels do not know", "[passes][blocked][negative]") {
+  Model m = chain_model(false);
+  passes::BlockConvLayout pass(4);
+  CHECK_THROWS_WITH(passes::run_pass(pass, m), Catch::Contains("block 4"));
+}

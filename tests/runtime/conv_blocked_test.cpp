@@ -1,0 +1,147 @@
+// Channel-blocked convolutions (passes/block_conv_layout): the layout conversions against their
+// index formula; mpq::FusedConv with x_block / z_block / y_block, through oneDNN and through mpq's
+// kernels with explicit conversions (the fallback), against the plain reference, for blocks 8 and
+// 16, every combination of blocked input, residual and output, odd spatial sizes, strides, pads,
+// depthwise and pointwise shapes; malformed block attributes rejected.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/cpu/channel_blocks.h"
+#include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/reference.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+
+using namespace mpq;
+using rt::cpu::WindowGeometry;
+
+namespace {
+
+using Attrs = std::vector<ir::Attribute>;
+
+Tensor blocked(const Tensor& plain, int64_t block) {
+  if (block == 0) return plain;
+  Tensor out(DType::Float32, plain.shape());
+  rt::ThreadPool pool(2);
+  rt::cpu::to_channel_blocks(pool, plain.data<float>(), out.data<float>(), plain.dim(0), plain.dim(1),
+                             plain.dim(2) * plain.dim(3), block);
+  return out;
+}
+
+Tensor unblocked(const Tensor& t, int64_t block) {
+  if (block == 0) return t;
+  Tensor out(DType::Float32, t.shape());
+  rt::ThreadPool pool(1);
+  rt::cpu::from_channel_blocks(pool, t.data<float>(), out.data<float>(), t.dim(0), t.dim(1), t.dim(2) * t.dim(3),
+                               block);
+  return out;
+}
+
+struct BlockCase {
+  int64_t n, c, m, group;
+  std::vector<int64_t> in, kernel, strides, pads;
+};
+
+// relu(conv(x, w) + b + z), from the scalar reference.
+Tensor want_of(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* z, const BlockCase& k) {
+  WindowGeometry geo;
+  geo.strides = k.strides;
+  geo.pads = k.pads;
+  geo.group = k.group;
+  Tensor y = rt::cpu::conv_ref(x, w, &b, geo);
+  float* p = y.data<float>();
+  for (int64_t i = 0; i < y.numel(); ++i) p[i] = std::max(0.0f, p[i] + (z ? z->data<float>()[i] : 0.0f));
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("channel-blocked layout conversions follow [N, C/b, H*W, b] and invert each other", "[conv][blocked]") {
+  for (const int64_t block : {8, 16}) {
+    const Tensor x = test::random_tensor({2, 2 * block, 3, 5}, static_cast<uint32_t>(block));
+    const Tensor b = blocked(x, block);
+    const int64_t C = x.dim(1), S = 15;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t s = 0; s < S; ++s)
+          REQUIRE(b.data<float>()[((n * (C / block) + c / block) * S + s) * block + c % block] ==
+                  x.data<float>()[(n * C + c) * S + s]);
+    CHECK(test::max_abs_diff(unblocked(b, block), x) == 0.0);
+  }
+  CHECK(rt::cpu::valid_channel_block(0));
+  CHECK(rt::cpu::valid_channel_block(8));
+  CHECK(rt::cpu::valid_channel_block(16));
+  CHECK_FALSE(rt::cpu::valid_channel_block(4));
+}
+
+TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on both paths", "[conv][blocked]") {
+  // dense 3x3, strided 3x3 with asymmetric pads, pointwise (mpq's own kernel where unblocked),
+  // strided 1x1 shortcut, depthwise, grouped, and a first layer (3 plain input channels).
+  const std::vector<BlockCase> cases = {
+      {2, 16, 16, 1, {9, 11}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+      {1, 16, 32, 1, {10, 7}, {3, 3}, {2, 2}, {0, 1, 1, 2}},
+      {3, 32, 16, 1, {5, 7}, {1, 1}, {1, 1}, {0, 0, 0, 0}},
+      {1, 16, 32, 1, {9, 9}, {1, 1}, {2, 2}, {0, 0, 0, 0}},
+      {2, 32, 32, 32, {7, 9}, {3, 3}, {2, 1}, {1, 1, 1, 1}},
+      {1, 32, 32, 2, {6, 6}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+  };
+  uint32_t seed = 2100;
+  for (const int64_t block : {8, 16})
+    for (const BlockCase& k : cases)
+      for (int combo = 1; combo < 8; ++combo) {
+        const int64_t xb = (combo & 1) ? block : 0, zb = (combo & 2) ? block : 0, yb = (combo & 4) ? block : 0;
+        INFO("block " << block << " C=" << k.c << " M=" << k.m << " group=" << k.group << " in " << shape_str(k.in)
+                      << " kernel " << shape_str(k.kernel) << " x/z/y blocks " << xb << "/" << zb << "/" << yb);
+        const Tensor x = test::random_tensor({k.n, k.c, k.in[0], k.in[1]}, seed++, -2.0f, 2.0f);
+        const Tensor w = test::random_tensor({k.m, k.c / k.group, k.kernel[0], k.kernel[1]}, seed++);
+        const Tensor b = test::random_tensor({k.m}, seed++);
+        const Tensor plain = want_of(x, w, b, nullptr, k);
+        const Tensor z = test::random_tensor(plain.shape(), seed++, -2.0f, 2.0f);
+        const bool with_z = zb != 0 || combo % 2 == 0;
+        const Tensor want = want_of(x, w, b, with_z ? &z : nullptr, k);
+        Attrs attrs{ir::Attribute::make_int("group", k.group), ir::Attribute::make_ints("strides", k.strides),
+                    ir::Attribute::make_ints("pads", k.pads), ir::Attribute::make_string("activation", "Relu"),
+                    ir::Attribute::make_int("x_block", xb), ir::Attribute::make_int("y_block", yb)};
+        if (with_z) attrs.push_back(ir::Attribute::make_int("z_block", zb));
+        std::vector<Tensor> ins{blocked(x, xb), w, b};
+        if (with_z) ins.push_back(blocked(z, zb));
+        auto run = [&](int threads) {
+          return unblocked(test::run_node("FusedConv", ins, attrs, 1, 17, threads, "mpq")[0], yb);
+        };
+        const double tol = 1e-4 * std::max(1.0, test::max_abs_diff(want, Tensor::zeros(DType::Float32, want.shape())));
+        {
+          INFO("mpq's kernels with conversions");
+          rt::cpu::ScopedOnednn off(rt::cpu::OnednnUse::Off);
+          CHECK(test::max_abs_diff(run(2), want) <= tol);
+        }
+        if (rt::cpu::onednn_available()) {
+          INFO("oneDNN as chosen for blocked tensors");
+          const uint64_t before = rt::cpu::onednn_conv_count();
+          const Tensor one = run(1), two = run(2);
+          CHECK(test::max_abs_diff(one, want) <= tol);
+          CHECK(test::max_abs_diff(two, want) <= tol);
+          // With the CPU's own block oneDNN has a direct kernel for every one of these shapes,
+          // pointwise ones included (which plain tensors leave to mpq's GEMM).
+          if (block == rt::cpu::onednn_channel_block()) {
+            CHECK(rt::cpu::onednn_conv_count() == before + 2);
+            CHECK(test::max_abs_diff(one, two) == 0.0);
+          }
+        }
+      }
+}
+
+TEST_CASE("FusedConv rejects malformed channel-block attributes", "[conv][blocked][negative]") {
+  const Tensor x = test::random_tensor({1, 12, 5, 5}, 1);
+  const Tensor w = test::random_tensor({8, 12, 3, 3}, 2);
+  auto run = [&](const Attrs& attrs, const Tensor& input) {
+    return test::run_node("FusedConv", {input, w}, attrs, 1, 17, 1, "mpq");
+  };
+  CHECK_THROWS_WITH(run({ir::Attribute::make_int("y_block", 4)}, x),
+                    Catch::Contains("node_under_test") && Catch::Contains("channel block 4"));
+  CHECK_THROWS_WITH(run({ir::Attribute::make_int("x_block", 8)}, x), Catch::Contains("X has 12 channels"));
+  CHECK_THROWS_WITH(run({ir::Attribute::make_int("z_block", 8)}, x), Catch::Contains("no Z input"));
+  CHECK_THROWS_WITH(run({ir::Attribute::make_int("y_block", 16)}, x), Catch::Contains("output's 8 channels"));
+}
