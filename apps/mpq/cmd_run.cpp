@@ -36,6 +36,7 @@ struct RunOpts {
   int64_t max_samples = -1;
   bool json = false;
   bool no_fusion = false;
+  bool profile = false;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -48,8 +49,39 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] * (1 - frac) + v[hi] * frac;
 }
 
+// --profile: per op type, calls and milliseconds per timed run and share of the run's latency (the
+// remainder is the executor's own work between nodes: buffers, bookkeeping).
+nlohmann::json profile_json(const std::vector<rt::OpTime>& ops, const std::vector<double>& latencies_ms) {
+  const auto runs = static_cast<double>(latencies_ms.size());
+  double total_ms = 0;
+  for (double v : latencies_ms) total_ms += v;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const rt::OpTime& t : ops)
+    rows.push_back({{"op", t.op},
+                    {"calls_per_run", static_cast<double>(t.calls) / runs},
+                    {"ms_per_run", t.seconds * 1e3 / runs},
+                    {"share", total_ms > 0 ? t.seconds * 1e3 / total_ms : 0.0}});
+  return rows;
+}
+
+void print_profile(const std::vector<rt::OpTime>& ops, const std::vector<double>& latencies_ms) {
+  const nlohmann::json rows = profile_json(ops, latencies_ms);
+  std::cout << fmt::format("  time per op type (mean over the timed runs):\n    {:<24} {:>9} {:>11} {:>7}\n", "op",
+                           "calls/run", "ms/run", "share");
+  double shown = 0;
+  for (const auto& r : rows) {
+    shown += r["share"].get<double>();
+    std::cout << fmt::format("    {:<24} {:>9.1f} {:>11.4f} {:>6.1f}%\n", r["op"].get<std::string>(),
+                             r["calls_per_run"].get<double>(), r["ms_per_run"].get<double>(),
+                             100.0 * r["share"].get<double>());
+  }
+  std::cout << fmt::format("    {:<24} {:>9} {:>11} {:>6.1f}%\n", "(between nodes)", "", "", 100.0 * (1.0 - shown));
+}
+
 int run_command(const RunOpts& o) {
   rt::BackendKind backend = rt::resolve_device(o.device);
+  if (o.profile && o.repeat <= 0) fail_input("--profile times the --repeat runs: give --repeat R");
+  if (o.profile && backend != rt::BackendKind::CPU) fail_input("--profile times CPU runs only (--device cpu)");
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
   if (!o.no_fusion) {
@@ -92,12 +124,14 @@ int run_command(const RunOpts& o) {
     data::Feed feed = feeds.get(i);
     std::vector<Tensor> outs = exec.run(feed.tensors);
     if (o.repeat > 0) {
+      exec.set_profiling(o.profile);  // timed runs only: the warm-up creates oneDNN's primitives
       for (int r = 0; r < o.repeat; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         outs = exec.run(feed.tensors);
         auto t1 = std::chrono::steady_clock::now();
         latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
+      exec.set_profiling(false);
     }
     for (size_t k = 0; k < outs.size(); ++k) {
       if (i == 0) {
@@ -133,6 +167,7 @@ int run_command(const RunOpts& o) {
                          {"min", *std::min_element(latencies_ms.begin(), latencies_ms.end())},
                          {"max", *std::max_element(latencies_ms.begin(), latencies_ms.end())}};
       j["timed_runs"] = latencies_ms.size();
+      if (o.profile) j["profile"] = profile_json(exec.profile(), latencies_ms);
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -150,6 +185,7 @@ int run_command(const RunOpts& o) {
                              percentile(latencies_ms, 99), sum / static_cast<double>(latencies_ms.size()),
                              *std::min_element(latencies_ms.begin(), latencies_ms.end()));
   }
+  if (o.profile && o.repeat > 0) print_profile(exec.profile(), latencies_ms);
   if (!o.outputs.empty()) std::cout << fmt::format("  wrote outputs to {}/<feed id>/<output>.npy\n", o.outputs);
   return 0;
 }
@@ -168,6 +204,8 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
                "before it, and a residual Add and activation after a Conv run in its epilogue)");
+  sub.add_flag("--profile", o->profile,
+               "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
   sub.footer("Example: mpq run model.onnx --data calib_data/eval --outputs out/ --repeat 20 --json");
   sub.callback([&action, o] { action = [o] { return run_command(*o); }; });

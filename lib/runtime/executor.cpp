@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <set>
 
 #include "core/half.h"
@@ -53,6 +55,9 @@ struct Executor::Impl : SubgraphRunner {
   ThreadPool pool;
   std::unordered_map<const ir::Graph*, std::unique_ptr<GraphPlan>> plans;
   Observer* observer = nullptr;
+  // set_profiling: seconds and calls per op type of the top-level graph's nodes.
+  bool profiling = false;
+  std::map<std::string, OpTime> op_times;
 
   // Runtime scope chain for subgraphs.
   struct Frame {
@@ -183,11 +188,21 @@ struct Executor::Impl : SubgraphRunner {
         ins[i] = &t;
       }
       ctx.mutable_outputs().resize(step.outputs.size());
+      const bool timed = profiling && plan.graph == model.graph.get();
+      const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
         if (!step.def->native_low_precision && any_low_precision(ins)) {
           run_in_float32(*step.kernel, ctx);
         } else {
           step.kernel->compute(ctx);
+        }
+        if (timed) {
+          const std::string op = step.node->domain.empty() ? step.node->op_type
+                                                           : step.node->domain + "::" + step.node->op_type;
+          OpTime& t = op_times[op];
+          t.op = op;
+          ++t.calls;
+          t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
       } catch (const Error& e) {
         std::string label = step.node->label();
@@ -290,6 +305,17 @@ Executor::Executor(const ir::Model& model, ExecOptions options) : model_(model),
 Executor::~Executor() = default;
 
 ThreadPool& Executor::pool() { return impl_->pool; }
+
+std::vector<OpTime> Executor::profile() const {
+  std::vector<OpTime> out;
+  for (const auto& [op, t] : impl_->op_times) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+void Executor::clear_profile() { impl_->op_times.clear(); }
+
+void Executor::set_profiling(bool on) { impl_->profiling = on; }
 
 void Executor::check_feeds(const Feeds& feeds) const { rt::check_feeds(*model_.graph, feeds); }
 

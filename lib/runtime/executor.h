@@ -31,6 +31,14 @@ struct ExecOptions {
   gpu::DeviceMemoryBackend* cuda_memory = nullptr;
 };
 
+// Where a run's time went, per op type ("domain::Op" outside the default domain), summed over every
+// run since the executor was made or the profile was cleared.
+struct OpTime {
+  std::string op;
+  int64_t calls = 0;
+  double seconds = 0.0;
+};
+
 // Sees every graph input as fed and every node output of the top-level graph as computed,
 // without graph surgery (calibration, per-layer validation). The tensor is only valid during the
 // call; copy what must be kept.
@@ -58,6 +66,12 @@ class Executor {
                           std::vector<Tensor>* extra_out);
 
   void set_observer(Observer observer) { observer_ = std::move(observer); }
+
+  // While on (`mpq run --profile`, CPU), every node of the top-level graph is timed; off (the
+  // default), the executor reads no clock per node. profile(): time per op type, slowest first.
+  void set_profiling(bool on);
+  std::vector<OpTime> profile() const;
+  void clear_profile();
 
   const ir::Model& model() const { return model_; }
   const std::vector<std::string>& input_names() const { return input_names_; }

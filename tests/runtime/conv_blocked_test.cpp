@@ -12,6 +12,7 @@
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/reference.h"
+#include "runtime/executor.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 
@@ -144,4 +145,41 @@ TEST_CASE("FusedConv rejects malformed channel-block attributes", "[conv][blocke
   CHECK_THROWS_WITH(run({ir::Attribute::make_int("x_block", 8)}, x), Catch::Contains("X has 12 channels"));
   CHECK_THROWS_WITH(run({ir::Attribute::make_int("z_block", 8)}, x), Catch::Contains("no Z input"));
   CHECK_THROWS_WITH(run({ir::Attribute::make_int("y_block", 16)}, x), Catch::Contains("output's 8 channels"));
+}
+
+TEST_CASE("FusedConv with constant weights reuses its plan and reordered weights across runs and shapes",
+          "[conv][blocked][state]") {
+  // One executor, one FusedConv node whose W is an initializer: its kernel object keeps oneDNN's
+  // plan and the reordered weights. Runs with new inputs, a new batch size and back must each match
+  // the reference (a stale plan or weight copy would not).
+  ir::Model m;
+  m.set_opset("", 17);
+  m.set_opset("mpq", 1);
+  ir::Graph& g = *m.graph;
+  ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, std::vector<ir::Dim>{ir::Dim::symbol("N"), ir::Dim::fixed(16),
+                                                                                ir::Dim::fixed(9), ir::Dim::fixed(7)}));
+  g.add_input(x);
+  const Tensor w = test::random_tensor({24, 16, 3, 3}, 7);
+  const Tensor b = test::random_tensor({24}, 8);
+  ir::Value* y = g.add_value("y");
+  ir::Node* n = g.add_node("FusedConv", {x, g.add_initializer("w", w), g.add_initializer("b", b)}, {y}, "conv");
+  n->domain = "mpq";
+  n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+  n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+  g.add_output(y);
+  const BlockCase k{0, 16, 24, 1, {9, 7}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+  rt::ExecOptions eo;
+  eo.threads = 2;
+  rt::Executor exec(m, eo);
+  const uint64_t before = rt::cpu::onednn_conv_count();
+  uint32_t seed = 3000;
+  for (const int64_t batch : {1, 1, 3, 3, 1}) {
+    INFO("batch " << batch);
+    const Tensor in = test::random_tensor({batch, 16, 9, 7}, seed++, -2.0f, 2.0f);
+    const Tensor want = want_of(in, w, b, nullptr, k);
+    const Tensor got = exec.run({{"x", in}})[0];
+    CHECK(test::max_abs_diff(got, want) <= 1e-3);
+  }
+  // The default policy sends these shapes to oneDNN where it is built in and enabled.
+  if (rt::cpu::onednn_enabled()) CHECK(rt::cpu::onednn_conv_count() == before + 5);
 }

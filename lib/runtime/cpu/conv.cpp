@@ -414,7 +414,7 @@ DnnlConvShape dnnl_shape(int64_t N, int64_t C, int64_t M, int64_t G, const Windo
 // Computes Y; returns whether the epilogue was applied on the way (otherwise the caller applies it).
 template <typename T>
 bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G, const Window& win,
-                const Epilogue& epi, Tensor& y) {
+                const Epilogue& epi, Tensor& y, OnednnConvState* constant_weights = nullptr) {
   ThreadPool& pool = ctx.pool();
   const Window3 g = to_window3(win);
   const int64_t N = x.dim(0), C = x.dim(1), M = w.dim(0);
@@ -429,7 +429,7 @@ bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
   if constexpr (std::is_same_v<T, float>) {
     if (win.rank() <= 2 && Cg > 0) {
       const DnnlConvShape ds = dnnl_shape(N, C, M, G, g, bp != nullptr, epi);
-      if (onednn_conv_forward(pool, ds, xp, wp, bp, static_cast<const float*>(epi.z), yp)) return true;
+      if (onednn_conv_forward(pool, ds, xp, wp, bp, static_cast<const float*>(epi.z), yp, constant_weights)) return true;
     }
     if (Cg == 1 && G > 1 && win.rank() <= 2) {
       depthwise_conv2d(pool, xp, wp, bp, yp, N, C, Mg, g);
@@ -592,7 +592,9 @@ void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w,
   if (io.y) to_channel_blocks(pool, plain_y.data<float>(), y.data<float>(), N, y.dim(1), ys, io.y);
 }
 
-void conv_kernel(KernelContext& ctx) {
+// Conv and mpq::FusedConv; `constant_weights` (FusedConv's kernel object, see below) keeps oneDNN's
+// plan and reordered weights between calls.
+void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights) {
   const Tensor& x = ctx.input(0);
   const Tensor& w = ctx.input(1);
   const Tensor* b = ctx.input_or_null(2);
@@ -620,7 +622,7 @@ void conv_kernel(KernelContext& ctx) {
     ds.z_block = io.z;
     ds.y_block = io.y;
     if (C == 0 || !onednn_conv_forward(ctx.pool(), ds, x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr,
-                             static_cast<const float*>(epi.z), y.data<float>()))
+                             static_cast<const float*>(epi.z), y.data<float>(), constant_weights))
       conv_blocked_fallback(ctx, x, w, b, G, win, epi, io, y);
     return;
   }
@@ -636,11 +638,31 @@ void conv_kernel(KernelContext& ctx) {
   }
   Tensor& y = ctx.alloc_output(0, x.dtype(), yshape);
   if (x.dtype() == DType::Float32) {
-    if (!conv_typed<float>(ctx, x, w, b, G, win, epi, y)) apply_epilogue_all(ctx.pool(), epi, y.data<float>(), y.numel());
+    if (!conv_typed<float>(ctx, x, w, b, G, win, epi, y, constant_weights))
+      apply_epilogue_all(ctx.pool(), epi, y.data<float>(), y.numel());
   } else {
     if (!conv_typed<double>(ctx, x, w, b, G, win, epi, y)) apply_epilogue_all(ctx.pool(), epi, y.data<double>(), y.numel());
   }
 }
+
+void conv_kernel(KernelContext& ctx) { conv_compute(ctx, nullptr); }
+
+// mpq::FusedConv exists only in `mpq run`'s inference graphs (passes/fuse_conv_activation), where
+// W is an initializer that nothing changes while the executor lives: its kernel object, one per node
+// and executor, keeps the oneDNN plan and the weights in oneDNN's layout between runs. (Training
+// runs plain Conv, whose weights change in place every step.) A W that is not a graph constant gets
+// no state.
+class FusedConvKernel : public OpKernel {
+ public:
+  explicit FusedConvKernel(const ir::Node& node) {
+    const ir::Value* w = node.num_inputs() > 1 ? node.input(1) : nullptr;
+    if (w && w->is_constant()) state_ = std::make_unique<OnednnConvState>();
+  }
+  void compute(KernelContext& ctx) override { conv_compute(ctx, state_.get()); }
+
+ private:
+  std::unique_ptr<OnednnConvState> state_;
+};
 
 // ---------------------------------------------------------------- ConvTranspose
 
@@ -826,7 +848,14 @@ void register_conv(OpRegistry& r) {
   r.add_fn("", "Conv", 1, kMaxOpset, cpu, conv_kernel);
   r.add_fn("", "ConvTranspose", 1, kMaxOpset, cpu, conv_transpose_kernel);
   // Conv + residual Add + activation, produced by passes/fuse_conv_activation for `mpq run`.
-  r.add_fn("mpq", "FusedConv", 1, kMaxOpset, cpu, conv_kernel);
+  KernelDef fused;
+  fused.domain = "mpq";
+  fused.op_type = "FusedConv";
+  fused.backend = cpu;
+  fused.factory = [](const ir::Node& node, int) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<FusedConvKernel>(node);
+  };
+  r.add(std::move(fused));
 }
 
 }  // namespace mpq::rt::cpu

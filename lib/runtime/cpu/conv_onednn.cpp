@@ -75,8 +75,12 @@ ScopedOnednn::~ScopedOnednn() { g_override.store(previous_); }
 
 #if !MPQ_HAVE_ONEDNN
 
+struct OnednnConvState::Impl {};
+OnednnConvState::OnednnConvState() = default;
+OnednnConvState::~OnednnConvState() = default;
+
 bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const float*, const float*, const float*,
-                         float*) {
+                         float*, OnednnConvState*) {
   return false;
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
@@ -365,21 +369,66 @@ int64_t onednn_channel_block() {
   return (isa & avx512) == avx512 ? 16 : 8;
 }
 
+struct OnednnConvState::Impl {
+  // The last call's shape, thread count and plan (nullptr: mpq's kernels ran it).
+  bool valid = false;
+  DnnlConvShape shape;
+  int threads = 0;
+  int policy = 0;  // what else decides the plan: oneDNN on/off/always, training scope
+  std::shared_ptr<Plan> plan;
+  // The weights in reordered_for->pd.weights_desc(), reordered from `source` (the plan is held so
+  // that its address cannot be reused by another).
+  const float* source = nullptr;
+  std::shared_ptr<Plan> reordered_for;
+  Scratch weights;
+};
+OnednnConvState::OnednnConvState() : impl(std::make_unique<Impl>()) {}
+OnednnConvState::~OnednnConvState() = default;
+
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
-                         const float* z, float* y) {
-  const std::shared_ptr<Plan> p = usable_plan(pool, s, false);
+                         const float* z, float* y, OnednnConvState* constant_weights) {
+  OnednnConvState::Impl* st = constant_weights ? constant_weights->impl.get() : nullptr;
+  std::shared_ptr<Plan> p;
+  const int policy = (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1) +
+                     16 * (deterministic_blas() ? 1 : 0);
+  if (st && st->valid && st->shape == s && st->threads == pool.size() && st->policy == policy) {
+    p = st->plan;  // the OpenMP team size was set when the plan was found (usable_plan)
+    if (p && omp_get_max_threads() != team_size(s, pool.size())) omp_set_num_threads(team_size(s, pool.size()));
+  } else {
+    p = usable_plan(pool, s, false);
+    if (st) {
+      st->valid = true;
+      st->shape = s;
+      st->threads = pool.size();
+      st->policy = policy;
+      st->plan = p;
+    }
+  }
   if (!p) return false;
   thread_local Scratch s_src, s_wei, s_dst;
   thread_local dnnl::stream stream(engine());
   dnnl::engine& eng = engine();
   memory usrc(p->user_src, eng, const_cast<float*>(x));
-  memory uwei(p->user_wei, eng, const_cast<float*>(w));
   memory udst(p->user_dst, eng, y);
   memory src = p->reorder_src ? memory(p->pd.src_desc(), eng, s_src.get(p->pd.src_desc().get_size())) : usrc;
-  memory wei = p->reorder_wei ? memory(p->pd.weights_desc(), eng, s_wei.get(p->pd.weights_desc().get_size())) : uwei;
   memory dst = p->reorder_dst ? memory(p->pd.dst_desc(), eng, s_dst.get(p->pd.dst_desc().get_size())) : udst;
   if (p->reorder_src) p->src_in.execute(stream, usrc, src);
-  if (p->reorder_wei) p->wei_in.execute(stream, uwei, wei);
+  memory wei;
+  if (!p->reorder_wei) {
+    wei = memory(p->user_wei, eng, const_cast<float*>(w));
+  } else if (st) {
+    wei = memory(p->pd.weights_desc(), eng, st->weights.get(p->pd.weights_desc().get_size()));
+    if (st->source != w || st->reordered_for != p) {
+      memory uwei(p->user_wei, eng, const_cast<float*>(w));
+      p->wei_in.execute(stream, uwei, wei);
+      st->source = w;
+      st->reordered_for = p;
+    }
+  } else {
+    wei = memory(p->pd.weights_desc(), eng, s_wei.get(p->pd.weights_desc().get_size()));
+    memory uwei(p->user_wei, eng, const_cast<float*>(w));
+    p->wei_in.execute(stream, uwei, wei);
+  }
   if (s.residual) {
     // The sum post-op adds what dst holds: Z goes there first, in dst's layout.
     if (p->reorder_z) {

@@ -8,6 +8,7 @@
 // cache, so repeated runs of a plan pay oneDNN's primitive creation once; weights are reordered on
 // every call, since training updates them in place. Not a public API.
 #include <cstdint>
+#include <memory>
 
 namespace mpq::rt {
 class ThreadPool;
@@ -33,6 +34,21 @@ struct DnnlConvShape {
   // as passes/block_conv_layout marks them. A blocked tensor is used by oneDNN as it is.
   int64_t x_block = 0, z_block = 0, y_block = 0;
   bool blocked() const { return x_block != 0 || z_block != 0 || y_block != 0; }
+  bool operator==(const DnnlConvShape&) const = default;
+};
+
+// What one node's kernel object keeps between calls when its weights are constants of the graph
+// (mpq::FusedConv in `mpq run`): the plan of the last shape it ran, and the weights already in that
+// plan's layout, so that repeated runs neither look the plan up nor reorder the weights again.
+// Training never passes one: it updates weights in place.
+class OnednnConvState {
+ public:
+  OnednnConvState();
+  ~OnednnConvState();
+  OnednnConvState(const OnednnConvState&) = delete;
+  OnednnConvState& operator=(const OnednnConvState&) = delete;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
 };
 
 // The geometry of a 1-D/2-D convolution window (g in its rank-3 form, leading dimension 1) as oneDNN
@@ -80,8 +96,10 @@ uint64_t onednn_conv_count();
 // so its results would not be the same bits on one thread and on two; its direct kernels sum every
 // output in one fixed order. With s.blocked(), x, z and y are in the layouts s names, and oneDNN runs
 // the shape whenever it has a direct kernel for it (mpq's kernels would need both conversions).
+// With `constant_weights`, w must hold the same values on every call made with that state (the
+// reordered copy is reused while w's address and the plan stay the same).
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
-                         const float* z, float* y);
+                         const float* z, float* y, OnednnConvState* constant_weights = nullptr);
 
 // dX of the convolution `s` describes (bias, residual and activation ignored) from dY [N, M, OH, OW]
 // and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; same choice of
