@@ -1,0 +1,83 @@
+// `mpq run`: --profile's per-op-type table (JSON and text), its usage errors, and the inference
+// graph `mpq run` builds (folded BatchNorm, fused activations, channel-blocked convolutions) giving
+// the outputs of the graph as written (--no-fusion).
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "data/npy.h"
+#include "test_util.h"
+
+using namespace mpq;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path model_path(const std::string& name) { return test::source_dir() / "tests" / "models" / (name + ".onnx"); }
+fs::path data_path(const std::string& name) { return test::source_dir() / "tests" / "models" / (name + "_data"); }
+
+}  // namespace
+
+TEST_CASE("mpq run --profile reports time per op type over the timed runs", "[cli][run][profile]") {
+  const auto r = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data", data_path("resnet_bn_op17").string(),
+                                "--max-samples", "1", "--repeat", "3", "--threads", "1", "--profile", "--json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j.contains("profile"));
+  double share = 0;
+  bool saw_conv = false;
+  for (const auto& row : j["profile"]) {
+    share += row["share"].get<double>();
+    CHECK(row["ms_per_run"].get<double>() >= 0.0);
+    if (row["op"] == "mpq::FusedConv") {
+      saw_conv = true;
+      CHECK(row["calls_per_run"].get<double>() == 9.0);  // the model's nine Conv(+BN+Relu) nodes
+    }
+    CHECK(row["op"] != "BatchNormalization");  // folded into the convolutions
+  }
+  CHECK(saw_conv);
+  CHECK(share > 0.0);
+  CHECK(share <= 1.0 + 1e-9);
+
+  const auto text = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data",
+                                   data_path("resnet_bn_op17").string(), "--max-samples", "1", "--repeat", "2",
+                                   "--profile"});
+  REQUIRE(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::Contains("time per op type") && Catch::Contains("mpq::FusedConv") &&
+                           Catch::Contains("(between nodes)"));
+}
+
+TEST_CASE("mpq run --profile without --repeat is a usage error", "[cli][run][profile][negative]") {
+  const auto r = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data", data_path("resnet_bn_op17").string(),
+                                "--profile"});
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--profile") && Catch::Contains("--repeat"));
+}
+
+TEST_CASE("mpq run's inference graph gives the outputs of the graph as written", "[cli][run][blocked]") {
+  // resnet_bn: BatchNorm folded, residual Add and Relu fused, every tensor between convolutions
+  // channel-blocked; mobilenetv3: depthwise and pointwise chains, HardSwish, squeeze-excitation.
+  for (const std::string name : {"resnet_bn_op17", "mobilenetv3_op17"}) {
+    INFO(name);
+    const fs::path tmp = fs::temp_directory_path() / ("mpq_run_cli_" + name);
+    fs::remove_all(tmp);
+    for (const bool fused : {true, false}) {
+      std::vector<std::string> args{"run", model_path(name).string(), "--data", data_path(name).string(),
+                                    "--max-samples", "2", "--outputs", (tmp / (fused ? "fused" : "plain")).string()};
+      if (!fused) args.push_back("--no-fusion");
+      const auto r = test::run_mpq(args);
+      INFO(r.err);
+      REQUIRE(r.exit_code == 0);
+    }
+    int compared = 0;
+    for (const auto& f : fs::recursive_directory_iterator(tmp / "fused")) {
+      if (f.path().extension() != ".npy") continue;
+      const fs::path other = tmp / "plain" / fs::relative(f.path(), tmp / "fused");
+      CHECK(test::rel_l2(data::read_npy(f.path()), data::read_npy(other)) < 1e-5);
+      ++compared;
+    }
+    CHECK(compared >= 2);
+    fs::remove_all(tmp);
+  }
+}
