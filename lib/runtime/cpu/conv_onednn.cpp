@@ -369,6 +369,33 @@ int64_t onednn_channel_block() {
   return (isa & avx512) == avx512 ? 16 : 8;
 }
 
+// The memory objects of one plan's forward calls and the convolution's argument map over them.
+// They are handles: the buffers behind them are set on every call (set_data_handle), so a node
+// that keeps them (OnednnConvState) creates no oneDNN objects and allocates nothing per run.
+struct Bound {
+  std::shared_ptr<Plan> plan;
+  memory usrc, udst, uwei, uz, src, dst, wei, bias, pad;
+  std::unordered_map<int, memory> args;
+
+  explicit Bound(std::shared_ptr<Plan> p) : plan(std::move(p)) {
+    dnnl::engine& eng = engine();
+    const Plan& q = *plan;
+    usrc = memory(q.user_src, eng, DNNL_MEMORY_NONE);
+    udst = memory(q.user_dst, eng, DNNL_MEMORY_NONE);
+    uwei = memory(q.user_wei, eng, DNNL_MEMORY_NONE);
+    uz = memory(q.user_z, eng, DNNL_MEMORY_NONE);
+    src = q.reorder_src ? memory(q.pd.src_desc(), eng, DNNL_MEMORY_NONE) : usrc;
+    dst = q.reorder_dst ? memory(q.pd.dst_desc(), eng, DNNL_MEMORY_NONE) : udst;
+    wei = q.reorder_wei ? memory(q.pd.weights_desc(), eng, DNNL_MEMORY_NONE) : uwei;
+    pad = memory(q.pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, pad}};
+    if (q.user_bias != memory::desc()) {
+      bias = memory(q.user_bias, eng, DNNL_MEMORY_NONE);
+      args.emplace(DNNL_ARG_BIAS, bias);
+    }
+  }
+};
+
 struct OnednnConvState::Impl {
   // The last call's shape, thread count and plan (nullptr: mpq's kernels ran it).
   bool valid = false;
@@ -376,6 +403,7 @@ struct OnednnConvState::Impl {
   int threads = 0;
   int policy = 0;  // what else decides the plan: oneDNN on/off/always, training scope
   std::shared_ptr<Plan> plan;
+  std::unique_ptr<Bound> bound;  // for `plan`
   // The weights in reordered_for->pd.weights_desc(), reordered from `source` (the plan is held so
   // that its address cannot be reused by another).
   const float* source = nullptr;
@@ -402,49 +430,49 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
       st->threads = pool.size();
       st->policy = policy;
       st->plan = p;
+      st->bound = p ? std::make_unique<Bound>(p) : nullptr;
     }
   }
   if (!p) return false;
-  thread_local Scratch s_src, s_wei, s_dst;
+  std::unique_ptr<Bound> local;
+  Bound& b = st ? *st->bound : *(local = std::make_unique<Bound>(p));
+  thread_local Scratch s_src, s_wei, s_dst, s_pad;
   thread_local dnnl::stream stream(engine());
-  dnnl::engine& eng = engine();
-  memory usrc(p->user_src, eng, const_cast<float*>(x));
-  memory udst(p->user_dst, eng, y);
-  memory src = p->reorder_src ? memory(p->pd.src_desc(), eng, s_src.get(p->pd.src_desc().get_size())) : usrc;
-  memory dst = p->reorder_dst ? memory(p->pd.dst_desc(), eng, s_dst.get(p->pd.dst_desc().get_size())) : udst;
-  if (p->reorder_src) p->src_in.execute(stream, usrc, src);
-  memory wei;
-  if (!p->reorder_wei) {
-    wei = memory(p->user_wei, eng, const_cast<float*>(w));
-  } else if (st) {
-    wei = memory(p->pd.weights_desc(), eng, st->weights.get(p->pd.weights_desc().get_size()));
-    if (st->source != w || st->reordered_for != p) {
-      memory uwei(p->user_wei, eng, const_cast<float*>(w));
-      p->wei_in.execute(stream, uwei, wei);
-      st->source = w;
-      st->reordered_for = p;
+  b.usrc.set_data_handle(const_cast<float*>(x));
+  b.udst.set_data_handle(y);
+  if (p->reorder_src) {
+    b.src.set_data_handle(s_src.get(p->pd.src_desc().get_size()));
+    p->src_in.execute(stream, b.usrc, b.src);
+  }
+  if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->pd.dst_desc().get_size()));
+  b.uwei.set_data_handle(const_cast<float*>(w));
+  if (p->reorder_wei) {
+    if (st) {
+      // Constant weights: reordered once per plan and source.
+      b.wei.set_data_handle(st->weights.get(p->pd.weights_desc().get_size()));
+      if (st->source != w || st->reordered_for != p) {
+        p->wei_in.execute(stream, b.uwei, b.wei);
+        st->source = w;
+        st->reordered_for = p;
+      }
+    } else {
+      b.wei.set_data_handle(s_wei.get(p->pd.weights_desc().get_size()));
+      p->wei_in.execute(stream, b.uwei, b.wei);
     }
-  } else {
-    wei = memory(p->pd.weights_desc(), eng, s_wei.get(p->pd.weights_desc().get_size()));
-    memory uwei(p->user_wei, eng, const_cast<float*>(w));
-    p->wei_in.execute(stream, uwei, wei);
   }
   if (s.residual) {
     // The sum post-op adds what dst holds: Z goes there first, in dst's layout.
     if (p->reorder_z) {
-      memory uz(p->user_z, eng, const_cast<float*>(z));
-      p->z_in.execute(stream, uz, dst);
+      b.uz.set_data_handle(const_cast<float*>(z));
+      p->z_in.execute(stream, b.uz, b.dst);
     } else {
-      std::copy(z, z + s.n * s.m * s.oh * s.ow, static_cast<float*>(dst.get_data_handle()));
+      std::copy(z, z + s.n * s.m * s.oh * s.ow, static_cast<float*>(b.dst.get_data_handle()));
     }
   }
-  thread_local Scratch s_pad;
-  const memory::desc pad_desc = p->pd.scratchpad_desc();
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                                       {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}};
-  if (s.bias) args.emplace(DNNL_ARG_BIAS, memory(p->user_bias, eng, const_cast<float*>(bias)));
-  p->conv.execute(stream, args);
-  if (p->reorder_dst) p->dst_out.execute(stream, dst, udst);
+  b.pad.set_data_handle(s_pad.get(p->pd.scratchpad_desc().get_size()));
+  if (s.bias) b.bias.set_data_handle(const_cast<float*>(bias));
+  p->conv.execute(stream, b.args);
+  if (p->reorder_dst) p->dst_out.execute(stream, b.dst, b.udst);
   stream.wait();
   g_conv_count.fetch_add(1, std::memory_order_relaxed);
   return true;
