@@ -2,12 +2,16 @@
 """Benchmark (not a test): mpq's median latency against ONNX Runtime's on the same model, inputs
 and thread count, per model and batch size.
 
-    bench_run.py [--mpq build/apps/mpq/mpq] [--threads 2] [--repeat 30] [--batches 1,8] [MODEL ...]
+    bench_run.py [--mpq build/apps/mpq/mpq] [--threads 2] [--repeat 30] [--batches 1,8] [--int8 DIR] [MODEL ...]
 
 For each model, random inputs (seeded) of each batch size are written to a temporary data folder;
 mpq is timed with `mpq run --repeat R --json` (R timed runs after one warm-up, load excluded) and
 ONNX Runtime with the same number of runs after a warm-up, both single process, same threads.
 Prints a table with both medians and the ratio mpq/ORT (< 1 means mpq is faster).
+
+--int8 DIR adds INT8 QDQ versions of the CNNs that ship calibration data (resnet_bn, mobilenetv3,
+unet): `mpq quantize --mode static` writes them into DIR (kept, so runs compare the same files),
+and both engines run the same QDQ file.
 """
 import argparse
 import json
@@ -22,6 +26,8 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INT8_SOURCES = ["resnet_bn_op17", "mobilenetv3_op17", "unet_op17"]
+
 DEFAULT_MODELS = [
     "tests/models/resnet_bn_op17.onnx",
     "tests/models/mobilenetv3_op17.onnx",
@@ -78,6 +84,22 @@ def time_mpq(mpq, model, feeds, repeat, threads):
         return json.loads(out.stdout)["latency_ms"]["median"]
 
 
+def int8_models(mpq, folder):
+    os.makedirs(folder, exist_ok=True)
+    out = []
+    for name in INT8_SOURCES:
+        q = os.path.join(folder, name + "_int8.onnx")
+        if not os.path.exists(q):
+            src = os.path.join(ROOT, "tests/models", name + ".onnx")
+            data = os.path.join(ROOT, "tests/models", name + "_data")
+            r = subprocess.run([mpq, "quantize", src, "-o", q, "--data", data, "--mode", "static"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"mpq quantize {name}: {r.stderr.strip()}")
+        out.append(q)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*")
@@ -86,8 +108,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--int8", metavar="DIR", help="also time INT8 QDQ models (made by mpq quantize into DIR)")
     args = ap.parse_args()
     models = args.models or [os.path.join(ROOT, m) for m in DEFAULT_MODELS]
+    if args.int8:
+        models += int8_models(args.mpq, args.int8)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.inter_op_num_threads = 1
