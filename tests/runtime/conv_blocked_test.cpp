@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/cpu/channel_blocks.h"
+#include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/executor.h"
@@ -182,4 +183,36 @@ TEST_CASE("FusedConv with constant weights reuses its plan and reordered weights
   }
   // The default policy sends these shapes to oneDNN where it is built in and enabled.
   if (rt::cpu::onednn_enabled()) CHECK(rt::cpu::onednn_conv_count() == before + 5);
+}
+
+TEST_CASE("Conv state is ignored inside a DeterministicBlas scope, where weights change in place",
+          "[conv][state]") {
+  // Training runs Conv nodes whose W is an initializer and updates W in place between steps, inside
+  // a DeterministicBlas scope. The kernel object's cached reordered weights must not be used there:
+  // after the update the output follows the new weights.
+  ir::Model m;
+  m.set_opset("", 17);
+  ir::Graph& g = *m.graph;
+  ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+  g.add_input(x);
+  ir::Value* wv = g.add_initializer("w", test::random_tensor({16, 16, 3, 3}, 11));
+  ir::Value* y = g.add_value("y");
+  g.add_node("Conv", {x, wv}, {y}, "conv")->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+  g.add_output(y);
+  rt::ExecOptions eo;
+  eo.threads = 1;
+  rt::Executor exec(m, eo);
+  rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);  // oneDNN even in the training scope
+  rt::cpu::DeterministicBlas training;
+  const Tensor in = test::random_tensor({2, 16, 9, 7}, 12);
+  WindowGeometry geo;
+  geo.pads = {1, 1, 1, 1};
+  Tensor& w = const_cast<Tensor&>(wv->initializer());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const Tensor want = rt::cpu::conv_ref(in, w, nullptr, geo);
+    CHECK(test::max_abs_diff(exec.run({{"x", in}})[0], want) <= 1e-4 * 10);
+    float* p = w.data<float>();
+    for (int64_t i = 0; i < w.numel(); ++i) p[i] = 0.5f * p[i] + 0.01f * static_cast<float>(i % 7);  // "optimizer step"
+  }
 }

@@ -645,16 +645,14 @@ void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights) {
   }
 }
 
-void conv_kernel(KernelContext& ctx) { conv_compute(ctx, nullptr); }
-
-// mpq::FusedConv exists only in `mpq run`'s inference graphs (passes/fuse_conv_activation), where
-// W is an initializer that nothing changes while the executor lives: its kernel object, one per node
-// and executor, keeps the oneDNN plan and the weights in oneDNN's layout between runs. (Training
-// runs plain Conv, whose weights change in place every step.) A W that is not a graph constant gets
-// no state.
-class FusedConvKernel : public OpKernel {
+// Conv and mpq::FusedConv whose W is a graph constant: the kernel object, one per node and
+// executor, keeps the oneDNN plan, its memory objects and the weights in oneDNN's layout between
+// runs (calibration, validation and `mpq run` run the same shapes thousands of times). Training
+// updates weights in place between steps; it runs inside a DeterministicBlas scope, where
+// onednn_conv_forward ignores the state. A W that is not a graph constant gets no state.
+class ConvKernel : public OpKernel {
  public:
-  explicit FusedConvKernel(const ir::Node& node) {
+  explicit ConvKernel(const ir::Node& node) {
     const ir::Value* w = node.num_inputs() > 1 ? node.input(1) : nullptr;
     if (w && w->is_constant()) state_ = std::make_unique<OnednnConvState>();
   }
@@ -845,17 +843,18 @@ void conv_transpose_kernel(KernelContext& ctx) {
 
 void register_conv(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
-  r.add_fn("", "Conv", 1, kMaxOpset, cpu, conv_kernel);
+  auto conv_def = [&](const char* domain, const char* op) {
+    KernelDef d;
+    d.domain = domain;
+    d.op_type = op;
+    d.backend = cpu;
+    d.factory = [](const ir::Node& node, int) -> std::unique_ptr<OpKernel> { return std::make_unique<ConvKernel>(node); };
+    r.add(std::move(d));
+  };
+  conv_def("", "Conv");
   r.add_fn("", "ConvTranspose", 1, kMaxOpset, cpu, conv_transpose_kernel);
   // Conv + residual Add + activation, produced by passes/fuse_conv_activation for `mpq run`.
-  KernelDef fused;
-  fused.domain = "mpq";
-  fused.op_type = "FusedConv";
-  fused.backend = cpu;
-  fused.factory = [](const ir::Node& node, int) -> std::unique_ptr<OpKernel> {
-    return std::make_unique<FusedConvKernel>(node);
-  };
-  r.add(std::move(fused));
+  conv_def("mpq", "FusedConv");
 }
 
 }  // namespace mpq::rt::cpu

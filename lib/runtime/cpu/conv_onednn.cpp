@@ -415,7 +415,8 @@ OnednnConvState::~OnednnConvState() = default;
 
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y, OnednnConvState* constant_weights) {
-  OnednnConvState::Impl* st = constant_weights ? constant_weights->impl.get() : nullptr;
+  // Training (a DeterministicBlas scope) updates weights in place between calls: no state there.
+  OnednnConvState::Impl* st = constant_weights && !deterministic_blas() ? constant_weights->impl.get() : nullptr;
   std::shared_ptr<Plan> p;
   const int policy = (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1) +
                      16 * (deterministic_blas() ? 1 : 0);

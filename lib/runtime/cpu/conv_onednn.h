@@ -38,9 +38,10 @@ struct DnnlConvShape {
 };
 
 // What one node's kernel object keeps between calls when its weights are constants of the graph
-// (mpq::FusedConv in `mpq run`): the plan of the last shape it ran, and the weights already in that
-// plan's layout, so that repeated runs neither look the plan up nor reorder the weights again.
-// Training never passes one: it updates weights in place.
+// (Conv and mpq::FusedConv with an initializer W): the plan of the last shape it ran, its memory
+// objects, and the weights already in that plan's layout, so that repeated runs neither look the
+// plan up nor reorder the weights again. Inside a DeterministicBlas scope (training, which updates
+// weights in place) onednn_conv_forward ignores it.
 class OnednnConvState {
  public:
   OnednnConvState();
