@@ -5,9 +5,12 @@
 // mpq's kernels (the fallback with explicit conversions); the verifier accepts every result.
 #include <catch2/catch.hpp>
 
+#include "ir/onnx_io.h"
 #include "ir/onnx_tools.h"
 #include "ir/verify.h"
 #include "passes/block_conv_layout.h"
+#include "passes/fold_constants.h"
+#include "passes/fuse_conv_bn.h"
 #include "passes/fuse_conv_activation.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
@@ -156,4 +159,40 @@ TEST_CASE("block_conv_layout rejects a block size the kernels do not know", "[pa
   Model m = chain_model(false);
   passes::BlockConvLayout pass(4);
   CHECK_THROWS_WITH(passes::run_pass(pass, m), Catch::Contains("block 4"));
+}
+
+TEST_CASE("block_conv_layout on the shipped CNNs blocks their convolution chains, same outputs",
+          "[passes][blocked][models]") {
+  // The pipeline `mpq run` uses (shapes, folding, BatchNorm and activation fusion, blocking),
+  // independent of whether oneDNN is built in: the pass itself only looks at the graph.
+  for (const auto& [name, at_least] : std::vector<std::pair<std::string, int>>{{"resnet_bn_op17", 6},
+                                                                                {"mobilenetv3_op17", 4}}) {
+    INFO(name);
+    const auto path = test::source_dir() / "tests" / "models" / (name + ".onnx");
+    const Model plain = load_model(path.string());
+    Model m = load_model(path.string());
+    infer_shapes(m);
+    passes::FoldConstants fold;
+    passes::FuseConvBn fuse_bn(true);
+    passes::FuseConvActivation fuse;
+    passes::BlockConvLayout block(8);
+    for (passes::Pass* p : std::vector<passes::Pass*>{&fold, &fuse_bn, &fuse}) passes::run_pass(*p, m);
+    const passes::PassStats s = passes::run_pass(block, m);
+    REQUIRE(verify(m).empty());
+    CHECK(s.changed >= at_least);
+    int blocked_outputs = 0;
+    for (const auto& n : m.graph->nodes()) blocked_outputs += n->attr_int("y_block", 0) == 8 ? 1 : 0;
+    CHECK(blocked_outputs == s.changed);
+    const Value* in = m.graph->inputs()[0];
+    Shape shape;
+    for (const auto& d : in->type.dims) shape.push_back(d.known() ? d.value : 2);
+    const rt::Feeds f{{in->name(), test::random_tensor(shape, 5, -1.0f, 1.0f)}};
+    const auto want = test::run_model(plain, f);
+    for (const auto use : {rt::cpu::OnednnUse::Auto, rt::cpu::OnednnUse::Off}) {
+      rt::cpu::ScopedOnednn scope(use);
+      const auto got = test::run_model(m, f);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-5);
+    }
+  }
 }

@@ -216,3 +216,45 @@ TEST_CASE("Conv state is ignored inside a DeterministicBlas scope, where weights
     for (int64_t i = 0; i < w.numel(); ++i) p[i] = 0.5f * p[i] + 0.01f * static_cast<float>(i % 7);  // "optimizer step"
   }
 }
+
+TEST_CASE("FusedConv state with blocked input, residual and output across batch sizes", "[conv][blocked][state]") {
+  // The kept plan, memory objects and reordered weights with every tensor channel-blocked and a
+  // residual, run after run, switching plans (batch 1, 3, 1): each run must match the reference.
+  ir::Model m;
+  m.set_opset("", 17);
+  m.set_opset("mpq", 1);
+  ir::Graph& g = *m.graph;
+  auto nchw = [](int64_t c) {
+    return ir::ValueType::tensor(DType::Float32, std::vector<ir::Dim>{ir::Dim::symbol("N"), ir::Dim::fixed(c),
+                                                                     ir::Dim::fixed(6), ir::Dim::fixed(5)});
+  };
+  ir::Value* x = g.add_value("x", nchw(16));
+  ir::Value* z = g.add_value("z", nchw(8));
+  g.add_input(x);
+  g.add_input(z);
+  const Tensor w = test::random_tensor({8, 16, 3, 3}, 21);
+  const Tensor b = test::random_tensor({8}, 22);
+  ir::Value* y = g.add_value("y");
+  ir::Node* n = g.add_node("FusedConv", {x, g.add_initializer("w", w), g.add_initializer("b", b), z}, {y}, "conv");
+  n->domain = "mpq";
+  n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+  n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+  for (const char* a : {"x_block", "z_block", "y_block"}) n->set_attr(ir::Attribute::make_int(a, 8));
+  g.add_output(y);
+  const BlockCase k{0, 16, 8, 1, {6, 5}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+  rt::ExecOptions eo;
+  eo.threads = 2;
+  rt::Executor exec(m, eo);
+  rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);
+  const uint64_t before = rt::cpu::onednn_conv_count();
+  uint32_t seed = 3100;
+  for (const int64_t batch : {1, 3, 3, 1}) {
+    INFO("batch " << batch);
+    const Tensor in = test::random_tensor({batch, 16, 6, 5}, seed++, -2.0f, 2.0f);
+    const Tensor res = test::random_tensor({batch, 8, 6, 5}, seed++, -2.0f, 2.0f);
+    const Tensor want = want_of(in, w, b, &res, k);
+    const Tensor got = unblocked(exec.run({{"x", blocked(in, 8)}, {"z", blocked(res, 8)}})[0], 8);
+    CHECK(test::max_abs_diff(got, want) <= 1e-3);
+  }
+  if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() == before + 4);
+}

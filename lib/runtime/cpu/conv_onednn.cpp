@@ -1,5 +1,7 @@
 #include "runtime/cpu/conv_onednn.h"
 
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -259,8 +261,11 @@ class PlanCache {
     std::shared_ptr<Plan> p;  // milliseconds: outside the lock
     try {
       p = backward ? make_backward_data_plan(s) : make_plan(s);
-    } catch (const dnnl::error&) {
-      // No implementation at all for these layouts: mpq's kernels run the shape.
+    } catch (const dnnl::error& e) {
+      // No implementation at all for these layouts: mpq's kernels run the shape. Anything else
+      // (out of memory, a bad descriptor) is a real error.
+      if (e.status != dnnl_unimplemented) throw;
+      spdlog::debug("oneDNN has no convolution for this shape and layout; mpq's kernels run it");
       p = std::make_shared<Plan>();
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -369,6 +374,8 @@ int64_t onednn_channel_block() {
   return (isa & avx512) == avx512 ? 16 : 8;
 }
 
+namespace {
+
 // The memory objects of one plan's forward calls and the convolution's argument map over them.
 // They are handles: the buffers behind them are set on every call (set_data_handle), so a node
 // that keeps them (OnednnConvState) creates no oneDNN objects and allocates nothing per run.
@@ -396,12 +403,14 @@ struct Bound {
   }
 };
 
+}  // namespace
+
 struct OnednnConvState::Impl {
   // The last call's shape, thread count and plan (nullptr: mpq's kernels ran it).
   bool valid = false;
   DnnlConvShape shape;
   int threads = 0;
-  int policy = 0;  // what else decides the plan: oneDNN on/off/always, training scope
+  int policy = 0;  // what else decides the plan: oneDNN on/off/always
   std::shared_ptr<Plan> plan;
   std::unique_ptr<Bound> bound;  // for `plan`
   // The weights in reordered_for->pd.weights_desc(), reordered from `source` (the plan is held so
@@ -418,20 +427,22 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   // Training (a DeterministicBlas scope) updates weights in place between calls: no state there.
   OnednnConvState::Impl* st = constant_weights && !deterministic_blas() ? constant_weights->impl.get() : nullptr;
   std::shared_ptr<Plan> p;
-  const int policy = (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1) +
-                     16 * (deterministic_blas() ? 1 : 0);
+  const int policy = (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1);
   if (st && st->valid && st->shape == s && st->threads == pool.size() && st->policy == policy) {
     p = st->plan;  // the OpenMP team size was set when the plan was found (usable_plan)
     if (p && omp_get_max_threads() != team_size(s, pool.size())) omp_set_num_threads(team_size(s, pool.size()));
   } else {
     p = usable_plan(pool, s, false);
     if (st) {
-      st->valid = true;
+      // Everything that may throw first: a half-updated state must never look valid.
+      st->valid = false;
+      std::unique_ptr<Bound> bound = p ? std::make_unique<Bound>(p) : nullptr;
       st->shape = s;
       st->threads = pool.size();
       st->policy = policy;
       st->plan = p;
-      st->bound = p ? std::make_unique<Bound>(p) : nullptr;
+      st->bound = std::move(bound);
+      st->valid = true;
     }
   }
   if (!p) return false;

@@ -5,8 +5,10 @@
 // its direct kernels on blocked data beat im2col + GEMM on NCHW even with both reorders on all but
 // the smallest shapes (measured per shape with tests/bench_conv, see docs/runtime.md). Primitives
 // (convolution and reorders) are cached per shape and attribute set in a bounded process-wide
-// cache, so repeated runs of a plan pay oneDNN's primitive creation once; weights are reordered on
-// every call, since training updates them in place. Not a public API.
+// cache, so repeated runs of a plan pay oneDNN's primitive creation once. Weights are reordered on
+// every call unless the caller passes an OnednnConvState (graph-constant weights, outside
+// training), and tensors that passes/block_conv_layout keeps channel-blocked are not reordered at
+// all. Not a public API.
 #include <cstdint>
 #include <memory>
 
