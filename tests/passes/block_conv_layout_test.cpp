@@ -196,3 +196,47 @@ TEST_CASE("block_conv_layout on the shipped CNNs blocks their convolution chains
     }
   }
 }
+
+TEST_CASE("block_conv_layout leaves a tensor a subgraph reads from the outer scope", "[passes][blocked]") {
+  // x -> a (3->16) -> r1 -> b (16->16) -> y, and an If whose branches read r1 from the outer scope:
+  // r1 must stay plain (the branch's nodes see NCHW); b's output, read only by the graph output,
+  // is plain anyway.
+  auto build = [] {
+    Model m;
+    m.set_opset("", 17);
+    Graph* g = m.graph.get();
+    Value* x = g->add_value("x", ValueType::tensor(DType::Float32, Shape{1, 3, 6, 6}));
+    g->add_input(x);
+    Value* cond = g->add_value("cond", ValueType::tensor(DType::Bool, Shape{}));
+    g->add_input(cond);
+    Value* r1 = add_conv(*g, x, 3, 16, 3, "a", 31)->output(0);
+    Value* y = add_conv(*g, r1, 16, 16, 3, "b", 33)->output(0);
+    g->add_output(y);
+    auto then_g = std::make_shared<Graph>("then", g);
+    Value* t = then_g->add_value("t_out");
+    then_g->add_node("Relu", {then_g->add_outer_scope_value("a_y")}, {t}, "t_relu");
+    then_g->add_output(t);
+    auto else_g = std::make_shared<Graph>("else", g);
+    Value* e = else_g->add_value("e_out");
+    else_g->add_node("Neg", {else_g->add_outer_scope_value("a_y")}, {e}, "e_neg");
+    else_g->add_output(e);
+    Value* out = g->add_value("branch");
+    Node* n = g->add_node("If", {cond}, {out}, "if");
+    n->set_attr(Attribute::make_graph("then_branch", then_g));
+    n->set_attr(Attribute::make_graph("else_branch", else_g));
+    g->add_output(out);
+    return m;
+  };
+  Model m = build();
+  passes::BlockConvLayout pass(8);
+  const passes::PassStats s = passes::run_pass(pass, m);
+  REQUIRE(verify(m).empty());
+  CHECK(s.changed == 0);
+  CHECK(blocks_of(m, "a").y == 0);
+  CHECK(blocks_of(m, "b").x == 0);
+  const rt::Feeds f{{"x", test::random_tensor({1, 3, 6, 6}, 35)}, {"cond", Tensor::from<bool>({}, {true})}};
+  const auto want = test::run_model(build(), f);
+  const auto got = test::run_model(m, f);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-6);
+}
