@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "cli.h"
@@ -95,10 +96,12 @@ int run_command(const RunOpts& o) {
     // FusedConv (Conv + residual Add + activation) is a CPU kernel; the CUDA path runs Conv through
     // cuDNN and the Add/activation bodies, so it keeps the nodes apart.
     // Tensors between oneDNN convolutions stay in its channel-blocked layout (no reorders).
-    passes::BlockConvLayout block_layout(std::max<int64_t>(rt::cpu_conv_channel_block(), 8));
+    std::optional<passes::BlockConvLayout> block_layout;
     std::vector<passes::Pass*> pipeline = {&fold, &fuse_bn};
-    if (backend == rt::BackendKind::CPU) pipeline.push_back(&fuse_act);
-    if (backend == rt::BackendKind::CPU && rt::cpu_conv_channel_block() > 0) pipeline.push_back(&block_layout);
+    if (backend == rt::BackendKind::CPU) {
+      pipeline.push_back(&fuse_act);
+      if (const int64_t block = rt::cpu_conv_channel_block(); block > 0) pipeline.push_back(&block_layout.emplace(block));
+    }
     for (passes::Pass* pass : pipeline)
       for (const auto& note : passes::run_pass(*pass, model).notes) spdlog::debug("{}", note);
   }

@@ -9,8 +9,6 @@ namespace mpq::passes {
 
 namespace {
 
-bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
-
 // A single-output float32 2-D Conv or FusedConv with constant weights: the convolutions the oneDNN
 // path can take channel-blocked tensors for.
 bool blockable_conv(const ir::Node& n) {
@@ -35,13 +33,6 @@ bool blockable_edge(const ir::Model& model, const ir::Node& producer, int64_t bl
   return true;
 }
 
-void make_fused(ir::Model& model, ir::Node& n) {
-  if (is_fused_conv(n)) return;
-  n.op_type = kFusedConvOp;
-  n.domain = kFusedConvDomain;
-  if (model.opset(kFusedConvDomain) == 0) model.set_opset(kFusedConvDomain, 1);
-}
-
 }  // namespace
 
 PassStats BlockConvLayout::run(ir::Model& model) {
@@ -53,10 +44,10 @@ PassStats BlockConvLayout::run(ir::Model& model) {
     if (blockable_conv(*node) && blockable_edge(model, *node, block_)) producers.push_back(node.get());
   for (ir::Node* p : producers) {
     ir::Value* v = p->output(0);
-    make_fused(model, *p);
+    if (!is_fused_conv(*p)) make_fused_conv(model, *p);
     p->set_attr(ir::Attribute::make_int("y_block", block_));
     for (const ir::Use& u : v->uses()) {
-      make_fused(model, *u.node);
+      if (!is_fused_conv(*u.node)) make_fused_conv(model, *u.node);
       u.node->set_attr(ir::Attribute::make_int(u.input_index == 0 ? "x_block" : "z_block", block_));
     }
     ++stats.changed;

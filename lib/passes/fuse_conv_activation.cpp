@@ -19,8 +19,6 @@ bool is_activation(const std::string& op) {
   return false;
 }
 
-bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
-
 // The Conv (or FusedConv that has no activation yet) producing `v`, read by `consumers` nodes, or
 // nullptr.
 ir::Node* fusable_conv(const ir::Model& model, const ir::Value* v, bool allow_z, size_t consumers = 1) {
@@ -150,9 +148,7 @@ void FuseConvActivation::apply(ir::Model& model, ir::Node& node, PassStats& stat
     conv->set_attr(ir::Attribute::make_string("activation", node.op_type));
     if (!params.empty()) conv->set_attr(ir::Attribute::make_floats("activation_params", params));
   }
-  conv->op_type = kFusedConvOp;
-  conv->domain = kFusedConvDomain;
-  if (model.opset(kFusedConvDomain) == 0) model.set_opset(kFusedConvDomain, 1);
+  make_fused_conv(model, *conv);
   ir::Value* out = node.output(0);
   const std::string what = node.label();
   g.remove_node(&node);

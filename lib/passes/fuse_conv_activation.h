@@ -27,4 +27,13 @@ class FuseConvActivation : public NodeRewritePass {
 inline constexpr const char* kFusedConvDomain = "mpq";
 inline constexpr const char* kFusedConvOp = "FusedConv";
 
+inline bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
+
+// Turns a Conv into an mpq::FusedConv (same inputs and attributes; the model gets the mpq opset).
+inline void make_fused_conv(ir::Model& model, ir::Node& conv) {
+  conv.op_type = kFusedConvOp;
+  conv.domain = kFusedConvDomain;
+  if (model.opset(kFusedConvDomain) == 0) model.set_opset(kFusedConvDomain, 1);
+}
+
 }  // namespace mpq::passes

@@ -55,9 +55,10 @@ struct Executor::Impl : SubgraphRunner {
   ThreadPool pool;
   std::unordered_map<const ir::Graph*, std::unique_ptr<GraphPlan>> plans;
   Observer* observer = nullptr;
-  // set_profiling: seconds and calls per op type of the top-level graph's nodes.
+  // set_profiling: calls and seconds per step of the top-level graph's plan (grouped by op type
+  // only when profile() is asked, so that the timed loop does no string or map work).
   bool profiling = false;
-  std::map<std::string, OpTime> op_times;
+  std::vector<std::pair<int64_t, double>> step_times;
 
   // Runtime scope chain for subgraphs.
   struct Frame {
@@ -189,6 +190,7 @@ struct Executor::Impl : SubgraphRunner {
       }
       ctx.mutable_outputs().resize(step.outputs.size());
       const bool timed = profiling && plan.graph == model.graph.get();
+      const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
         if (!step.def->native_low_precision && any_low_precision(ins)) {
@@ -197,12 +199,10 @@ struct Executor::Impl : SubgraphRunner {
           step.kernel->compute(ctx);
         }
         if (timed) {
-          const std::string op = step.node->domain.empty() ? step.node->op_type
-                                                           : step.node->domain + "::" + step.node->op_type;
-          OpTime& t = op_times[op];
-          t.op = op;
-          ++t.calls;
-          t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (step_times.size() != plan.steps.size()) step_times.assign(plan.steps.size(), {0, 0.0});
+          auto& [calls, seconds] = step_times[step_index];
+          ++calls;
+          seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }
       } catch (const Error& e) {
         std::string label = step.node->label();
@@ -307,13 +307,25 @@ Executor::~Executor() = default;
 ThreadPool& Executor::pool() { return impl_->pool; }
 
 std::vector<OpTime> Executor::profile() const {
+  std::map<std::string, OpTime> by_op;
+  const GraphPlan& plan = impl_->plan_graph(*model_.graph);
+  for (size_t i = 0; i < impl_->step_times.size() && i < plan.steps.size(); ++i) {
+    const auto& [calls, seconds] = impl_->step_times[i];
+    if (calls == 0) continue;
+    const ir::Node& n = *plan.steps[i].node;
+    const std::string op = n.domain.empty() ? n.op_type : n.domain + "::" + n.op_type;
+    OpTime& t = by_op[op];
+    t.op = op;
+    t.calls += calls;
+    t.seconds += seconds;
+  }
   std::vector<OpTime> out;
-  for (const auto& [op, t] : impl_->op_times) out.push_back(t);
+  for (const auto& [op, t] : by_op) out.push_back(t);
   std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
   return out;
 }
 
-void Executor::clear_profile() { impl_->op_times.clear(); }
+void Executor::clear_profile() { impl_->step_times.clear(); }
 
 void Executor::set_profiling(bool on) { impl_->profiling = on; }
 

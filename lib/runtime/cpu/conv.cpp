@@ -592,8 +592,8 @@ void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w,
   if (io.y) to_channel_blocks(pool, plain_y.data<float>(), y.data<float>(), N, y.dim(1), ys, io.y);
 }
 
-// Conv and mpq::FusedConv; `constant_weights` (FusedConv's kernel object, see below) keeps oneDNN's
-// plan and reordered weights between calls.
+// Conv and mpq::FusedConv; `constant_weights` (ConvKernel's state, see below) keeps oneDNN's plan,
+// memory objects and reordered weights between calls.
 void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights) {
   const Tensor& x = ctx.input(0);
   const Tensor& w = ctx.input(1);

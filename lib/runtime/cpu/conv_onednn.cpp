@@ -406,13 +406,12 @@ struct Bound {
 }  // namespace
 
 struct OnednnConvState::Impl {
-  // The last call's shape, thread count and plan (nullptr: mpq's kernels ran it).
+  // The last call's shape and thread count, and what ran it (bound null: mpq's kernels).
   bool valid = false;
   DnnlConvShape shape;
   int threads = 0;
   int policy = 0;  // what else decides the plan: oneDNN on/off/always
-  std::shared_ptr<Plan> plan;
-  std::unique_ptr<Bound> bound;  // for `plan`
+  std::unique_ptr<Bound> bound;  // the plan and its memory objects; null where mpq's kernels run
   // The weights in reordered_for->pd.weights_desc(), reordered from `source` (the plan is held so
   // that its address cannot be reused by another).
   const float* source = nullptr;
@@ -429,8 +428,12 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   std::shared_ptr<Plan> p;
   const int policy = (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1);
   if (st && st->valid && st->shape == s && st->threads == pool.size() && st->policy == policy) {
-    p = st->plan;  // the OpenMP team size was set when the plan was found (usable_plan)
-    if (p && omp_get_max_threads() != team_size(s, pool.size())) omp_set_num_threads(team_size(s, pool.size()));
+    if (st->bound) {
+      p = st->bound->plan;
+      // Another node may have changed the OpenMP team size since (usable_plan sets it).
+      const int team = team_size(s, pool.size());
+      if (omp_get_max_threads() != team) omp_set_num_threads(team);
+    }
   } else {
     p = usable_plan(pool, s, false);
     if (st) {
@@ -440,7 +443,6 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
       st->shape = s;
       st->threads = pool.size();
       st->policy = policy;
-      st->plan = p;
       st->bound = std::move(bound);
       st->valid = true;
     }
