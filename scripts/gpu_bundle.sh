@@ -36,7 +36,7 @@ gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_graph_runner_test gpu_execu
 # The models the graph runner tests load (tests/cuda/model_cases.h), found through $MPQ_TEST_MODELS.
 runner_models=(resnet_bn_op13 resnet_bn_op17 mobilenetv3_op13 transformer_op13 unet_op13 tiny_bert)
 tests=("${host_tests[@]}" "${gpu_tests[@]}")
-benches=(bench_cuda_kernels)
+benches=(bench_cuda_kernels bench_cuda_gemm)
 
 if [ "$do_build" = 1 ]; then
   BUILD_DIR=$build_dir NINJA_FLAGS="${NINJA_FLAGS:-}" scripts/build.sh >/dev/null
@@ -66,6 +66,23 @@ testdata=${testdata:-/usr/share/libonnx-testdata/data}
 mkdir -p "$out/data/onnx-testdata" "$out/data/src/tests/runtime"
 for suite in node pytorch-converted pytorch-operator simple; do cp -r "$testdata/$suite" "$out/data/onnx-testdata/"; done
 cp "$src"/tests/runtime/conformance_known_failures*.txt "$out/data/src/tests/runtime/"
+# The models scripts/gpu_bench.py times and validates, made here by this build's mpq on the CPU:
+# FP16 (mpq convert), INT8 QDQ (mpq quantize --mode static, where the model ships calibration
+# data) and the demo's 4-bit fake-quant student for the QAT step (mpq quantize --format fakequant).
+mpq_bin=$build_dir/apps/mpq/mpq
+bench=$out/data/bench
+mkdir -p "$bench"
+for m in resnet_bn mobilenetv3 unet transformer; do
+  "$mpq_bin" convert --fp16 "$src/tests/models/${m}_op13.onnx" -o "$bench/${m}_fp16.onnx" >/dev/null
+  "$mpq_bin" quantize "$src/tests/models/${m}_op13.onnx" --data "$src/tests/models/${m}_op13_data" --mode static \
+    -o "$bench/${m}_int8.onnx" >/dev/null
+done
+"$mpq_bin" calibrate "$src/calib_data/demo.onnx" --data "$src/calib_data/calib" -o "$bench/demo.calib.json" >/dev/null
+"$mpq_bin" quantize "$src/calib_data/demo.onnx" --calib "$bench/demo.calib.json" -o "$bench/fashion_demo_int8.onnx" >/dev/null
+"$mpq_bin" convert --fp16 "$src/calib_data/demo.onnx" -o "$bench/fashion_demo_fp16.onnx" >/dev/null
+"$mpq_bin" quantize "$src/calib_data/demo.onnx" --calib "$bench/demo.calib.json" --weight-bits 4 --format fakequant \
+  -o "$bench/fashion_demo_fq.onnx" >/dev/null
+cp "$src/scripts/gpu_bench.py" "$out/"
 
 # Toolkit and driver libraries come from the GPU machine; glibc and the loader too.
 is_system() {

@@ -5,16 +5,27 @@
 # real), compute-sanitizer memcheck and racecheck on the GPU tests, and the GPU benchmark, and
 # writes everything to one results file. Exit status 0 only when every step passed.
 #
-#   ./gpu_check.sh [--results FILE] [--quick]
-# --quick skips the sanitizers (they take minutes).
+#   ./gpu_check.sh [--results FILE] [--quick] [--repo DIR] [--sanitize-budget SECONDS] [--bench-args "..."]
+# --quick skips the sanitizers (they take minutes). --repo: a checkout of the repository (its
+# models, calib_data/ and scripts/onnx_torch.py), which turns on scripts/gpu_bench.py (GEMM
+# throughput, model latency, QAT step and validate figures against PyTorch / ONNX Runtime on this
+# GPU; its JSON goes beside the results file). --sanitize-budget: the sanitizers run last, memcheck
+# on every GPU test first, then racecheck, then initcheck, each step stopped when the budget is
+# spent; a step not run or stopped is reported and counts as a failure.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 results="$here/gpu_results_$(hostname 2>/dev/null || echo host)_$(date -u +%Y%m%dT%H%M%SZ).txt"
 quick=0
+repo=
+sanitize_budget=0
+bench_args=
 while [ $# -gt 0 ]; do
   case "$1" in
     --results) results=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --repo) repo=$(cd "$2" && pwd); shift 2 ;;
+    --sanitize-budget) sanitize_budget=$2; shift 2 ;;
+    --bench-args) bench_args=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -82,28 +93,43 @@ step() {  # step NAME CMD...: runs, appends its output, records pass/fail
 cd "$here"
 step "mpq devices" bin/mpq devices
 for f in bin/*_test; do
-  step "$(basename "$f")" "$f" --use-colour no
+  step "$(basename "$f")" timeout 300 "$f" --use-colour no
 done
 if grep -q "SKIPPED: no usable CUDA device" "$results"; then
   log "NOTE: GPU tests were SKIPPED (see above): this machine's GPU is not usable from this bundle"
   failures=$((failures + 1))
 fi
+step "bench_cuda_kernels" bin/bench_cuda_kernels --repeat 20
+step "mpq run (CPU reference timing)" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cpu --outputs "$(mktemp -d)"
+step "mpq run --device cuda" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cuda --outputs "$(mktemp -d)"
+if [ -n "$repo" ]; then
+  # Its own table goes to the terminal too (the results file keeps everything).
+  # shellcheck disable=SC2086
+  step "gpu_bench.py" python3 "$here/gpu_bench.py" --bundle "$here" --repo "$repo" --json "${results%.txt}_bench.json" $bench_args
+  sed -n '/^== summary/,$p' "$results" | tail -60
+fi
 if [ "$quick" = 0 ]; then
   if [ -n "$sanitizer" ]; then
-    for f in bin/gpu_*_test; do
-      t=$(basename "$f")
-      step "memcheck $t" "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check full "$f" --use-colour no
-      step "racecheck $t" "$sanitizer" --tool racecheck --error-exitcode 1 "$f" --use-colour no
-      step "initcheck $t" "$sanitizer" --tool initcheck --error-exitcode 1 "$f" --use-colour no
+    deadline=$((SECONDS + sanitize_budget))
+    for tool in memcheck racecheck initcheck; do
+      for f in bin/gpu_*_test; do
+        t=$(basename "$f")
+        extra=()
+        [ "$tool" = memcheck ] && extra=(--leak-check full)
+        if [ "$sanitize_budget" -gt 0 ]; then
+          left=$((deadline - SECONDS))
+          if [ "$left" -le 5 ]; then log "-- $tool $t: NOT RUN (sanitizer budget spent)"; failures=$((failures + 1)); continue; fi
+          step "$tool $t" timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$f" --use-colour no
+        else
+          step "$tool $t" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$f" --use-colour no
+        fi
+      done
     done
   else
     log "compute-sanitizer not found: memcheck/racecheck NOT RUN"
     failures=$((failures + 1))
   fi
 fi
-step "bench_cuda_kernels" bin/bench_cuda_kernels --repeat 20
-step "mpq run (CPU reference timing)" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cpu --outputs "$(mktemp -d)"
-step "mpq run --device cuda" bin/mpq run data/resnet_bn_op13.onnx --data data/resnet_bn_op13_data --device cuda --outputs "$(mktemp -d)"
 log ""
 log "== summary: $failures failing step(s); results in $results"
 [ "$failures" = 0 ]

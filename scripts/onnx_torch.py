@@ -20,16 +20,23 @@ def _attrs(node):
 
 
 class OnnxTorch:
-    def __init__(self, model):
+    def __init__(self, model, device="cpu", half=False):
+        """device: where the initializers (and every tensor the graph makes) live, e.g. "cuda".
+        half: FP16 initializers (floating ones), for PyTorch's FP16 inference latency."""
         self.model = model
+        self.device = torch.device(device)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        self.init = {i.name: torch.from_numpy(nh.to_array(i).copy()) for i in model.graph.initializer}
+        self.init = {i.name: self._place(torch.from_numpy(nh.to_array(i).copy()), half) for i in model.graph.initializer}
         self.params = {}
         # name -> function of the parameter giving the value the graph uses (e.g. exp of a log-scale)
         self.param_transform = {}
         # Hooks: called with (node, inputs, outputs) after each node (e.g. fake quantization).
         self.after_node = None
         self.input_hook = None  # (node, index, tensor) -> tensor, applied to each node input
+
+    def _place(self, t, half=False):
+        t = t.to(self.device)
+        return t.half() if half and t.is_floating_point() else t
 
     def parameters(self, names):
         for n in names:
@@ -40,7 +47,7 @@ class OnnxTorch:
     def run(self, feeds, training=False, bn_momentum_updates=False):
         env = dict(self.init)
         env.update({k: self.param_transform[k](p) if k in self.param_transform else p for k, p in self.params.items()})
-        env.update({k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(v)) for k, v in feeds.items()})
+        env.update({k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(v)).to(self.device) for k, v in feeds.items()})
         for node in self.model.graph.node:
             ins = [env[i] if i else None for i in node.input]
             if self.input_hook:
@@ -59,7 +66,7 @@ class OnnxTorch:
         a = _attrs(node)
         op = node.op_type
         if op == "Constant":
-            return torch.from_numpy(nh.to_array(a["value"]).copy())
+            return torch.from_numpy(nh.to_array(a["value"]).copy()).to(self.device)
         if op == "Identity":
             return x[0]
         if op in ("Conv", "ConvTranspose"):
@@ -142,7 +149,7 @@ class OnnxTorch:
         if op == "MatMul":
             return torch.matmul(x[0], x[1])
         if op == "Shape":
-            return torch.tensor(list(x[0].shape), dtype=torch.int64)
+            return torch.tensor(list(x[0].shape), dtype=torch.int64, device=self.device)
         if op == "Slice":
             starts, ends = x[1].tolist(), x[2].tolist()
             axes = x[3].tolist() if len(x) > 3 and x[3] is not None else list(range(len(starts)))
@@ -188,6 +195,19 @@ class OnnxTorch:
             for ax in sorted((v + y.dim() if v < 0 else v for v in axes), reverse=True):
                 y = y.squeeze(ax)
             return y
+        if op == "Resize":  # 2-D linear (half_pixel) or nearest (asymmetric, floor) with constant scales
+            mode = a.get("mode", b"nearest")
+            mode = mode.decode() if isinstance(mode, bytes) else mode
+            ctm = a.get("coordinate_transformation_mode", b"half_pixel")
+            ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+            scales = x[2].tolist() if len(x) > 2 and x[2] is not None and x[2].numel() else None
+            size = x[3].tolist()[2:] if len(x) > 3 and x[3] is not None else None
+            sf = None if size else [float(v) for v in scales[2:]]
+            if mode == "linear" and ctm == "half_pixel":
+                return F.interpolate(x[0], size=size, scale_factor=sf, mode="bilinear", align_corners=False)
+            if mode == "nearest" and ctm == "asymmetric" and a.get("nearest_mode", b"round_prefer_floor") in (b"floor", "floor"):
+                return F.interpolate(x[0], size=size, scale_factor=sf, mode="nearest")
+            raise NotImplementedError(f"onnx_torch: Resize mode {mode} / {ctm}")
         if op == "Softmax":
             return torch.softmax(x[0], dim=a.get("axis", -1))
         if node.domain == "mpq" and op == "FakeQuant":
@@ -203,6 +223,8 @@ class OnnxTorch:
         (straight-through estimator with the clipping mask) for fixed scales, and the learnable
         (LSQ) variants, with LSQ's gradient factor 1/sqrt(N * Qp), when the scale is a Parameter."""
         qmin, qmax = a.get("qmin", -128), a.get("qmax", 127)
+        # PyTorch's fake-quantize ops take float32 (under autocast the tensor may arrive in FP16).
+        x = [x[0].float()] + list(x[1:])
         scale = x[1]
         zp = x[2] if len(x) > 2 and x[2] is not None else torch.zeros_like(scale, dtype=torch.int32)
         learn = scale.requires_grad
