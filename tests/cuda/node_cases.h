@@ -145,6 +145,13 @@ inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
   check_node(t, mem, "FakeQuant", {f({2, 3, 5}, 19), Tensor::from<float>({3}, {0.01f, 0.02f, 0.05f}), Tensor::from<int32_t>({3}, {0, 1, -1})},
              {ir::Attribute::make_int("qmin", -7), ir::Attribute::make_int("qmax", 7), ir::Attribute::make_int("axis", 1)}, 13, 1,
              "mpq", 0);
+  // Shape-only ops (identity copy under the new shape) and global pooling (reduction per row).
+  check_node(t, mem, "Flatten", {f({2, 3, 4, 5}, 20)}, {ir::Attribute::make_int("axis", 2)}, 13);
+  check_node(t, mem, "Reshape", {f({2, 3, 4}, 21), i64({3}, {0, -1, 2})}, {}, 14);
+  check_node(t, mem, "Squeeze", {f({2, 1, 3, 1}, 22), i64({1}, {-1})}, {}, 13);
+  check_node(t, mem, "Unsqueeze", {f({2, 3}, 23), i64({2}, {0, 3})}, {}, 13);
+  check_node(t, mem, "GlobalAveragePool", {f({2, 3, 5, 7}, 24)}, {}, 13, 1, "", 1e-6);
+  check_node(t, mem, "GlobalMaxPool", {f({2, 4, 9}, 25)}, {}, 13);
   run_linalg_node_cases(t, mem);
 }
 

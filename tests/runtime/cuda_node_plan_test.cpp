@@ -86,6 +86,23 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
                 {ir::Attribute::make_string("mode", "linear")}, 13, LaunchKind::Resize2d);
   check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor(), i64({4}, {1, 2, 3, 11})},
                 {ir::Attribute::make_string("coordinate_transformation_mode", "asymmetric")}, 13, LaunchKind::Resize2d);
+  // Shape-only ops (one device copy under the new shape) and global pooling (one reduction).
+  check_planned("Flatten", {f({2, 3, 4, 5})}, {ir::Attribute::make_int("axis", -2)}, 13, LaunchKind::Unary);
+  check_planned("Flatten", {f({2, 3})}, {ir::Attribute::make_int("axis", 0)}, 13, LaunchKind::Unary);
+  check_planned("Reshape", {f({2, 3, 4}), i64({3}, {0, -1, 2})}, {}, 14, LaunchKind::Unary);
+  check_planned("Reshape", {f({2, 3, 4}), i64({2}, {4, 6})}, {}, 13, LaunchKind::Unary);
+  check_planned("Reshape", {f({2, 3})}, {ir::Attribute::make_ints("shape", {3, -1})}, 4, LaunchKind::Unary);
+  check_planned("Squeeze", {f({2, 1, 3, 1}), i64({1}, {-1})}, {}, 13, LaunchKind::Unary);
+  check_planned("Squeeze", {f({1, 2, 1})}, {}, 13, LaunchKind::Unary);
+  check_planned("Squeeze", {f({2, 1, 3, 1})}, {ir::Attribute::make_ints("axes", {1})}, 11, LaunchKind::Unary);
+  check_planned("Unsqueeze", {f({2, 3}), i64({2}, {0, -1})}, {}, 13, LaunchKind::Unary);
+  check_planned("Unsqueeze", {f({2, 3})}, {ir::Attribute::make_ints("axes", {1})}, 11, LaunchKind::Unary);
+  check_planned("GlobalAveragePool", {f({2, 3, 5, 7})}, {}, 13, LaunchKind::Reduce);
+  check_planned("GlobalMaxPool", {f({2, 3, 9})}, {}, 13, LaunchKind::Reduce);
+  const NodeLaunch gap = plan("GlobalAveragePool", {f({2, 3, 5, 7})}, {}, 13);
+  CHECK(gap.axis.outer == 6);
+  CHECK(gap.axis.n == 35);
+  CHECK(gap.axis.inner == 1);
   const NodeLaunch mm = plan("MatMul", {f({2, 3, 4}), f({4, 5})}, {}, 13);
   CHECK(mm.gemm.n == 6);  // batch folded into M (cuBLASLt's n)
   CHECK_FALSE(mm.has_bias);
@@ -130,4 +147,23 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
   CHECK(reason(plan("Add", {f(Shape(9, 1)), f({1})}, {}, 13)) == "rank above 8");
   CHECK(reason(plan("Relu", {f({2})}, {}, 13, "com.microsoft")).find("domain") != std::string::npos);
   CHECK(std::string(launch_kind_name(LaunchKind::Fallback)) == "cpu-fallback");
+  // Shape-only ops the CPU kernel must see: a shape computed at run time, or one it rejects (its
+  // message names the problem; the planner does not guess).
+  {
+    ir::Model m;
+    m.set_opset("", 13);
+    ir::Graph* g = m.graph.get();
+    ir::Node* n = g->add_node("Reshape", {g->add_value("x"), g->add_value("shape")}, {g->add_value("y")}, "reshape");
+    const Tensor x = f({2, 3});
+    const NodeLaunch l = plan_node(*n, 13, {x.shape(), {2}}, {DType::Float32, DType::Int64}, {nullptr, nullptr});
+    CHECK(reason(l) == "Reshape: shape not constant");
+  }
+  CHECK(reason(plan("Reshape", {f({2, 3}), i64({2}, {4, -1})}, {}, 13)).find("divide") != std::string::npos);
+  CHECK(reason(plan("Reshape", {f({2, 3}), i64({2}, {-1, -1})}, {}, 13)).find("two -1") != std::string::npos);
+  CHECK(reason(plan("Reshape", {f({2, 3}), i64({2}, {5, 1})}, {}, 13)).find("count") != std::string::npos);
+  CHECK(reason(plan("Squeeze", {f({2, 3}), i64({1}, {1})}, {}, 13)).find("size 1") != std::string::npos);
+  CHECK(reason(plan("Unsqueeze", {f({2, 3}), i64({2}, {1, 1})}, {}, 13)).find("repeated") != std::string::npos);
+  CHECK(reason(plan("Flatten", {f({2, 3})}, {ir::Attribute::make_int("axis", 3)}, 13)).find("range") != std::string::npos);
+  CHECK(reason(plan("GlobalAveragePool", {f({2, 3})}, {}, 13)) == "rank below 3");
+  CHECK(reason(plan("Reshape", {Tensor::from<int64_t>({2}, {1, 2}), i64({1}, {2})}, {}, 13)) == "input type int64");
 }

@@ -92,6 +92,84 @@ NodeLaunch plan_quant(const ir::Node& node, const std::vector<Shape>& shapes, La
   return l;
 }
 
+// Reshape / Flatten / Squeeze / Unsqueeze: sets *out and returns "", or returns why the node cannot
+// be planned: it needs a value not known at planning time, or the CPU kernel would reject it (the
+// CPU kernel then runs and reports the error in its own words).
+std::string reshaped_shape(const ir::Node& node, int opset, const Shape& in, const Tensor* second, Shape* out) {
+  const std::string& op = node.op_type;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  out->clear();
+  if (op == "Flatten") {
+    const int64_t axis = norm_axis(node.attr_int("axis", 1), in.size());
+    if (axis < 0 || axis > rank) return "Flatten axis out of range";
+    int64_t a = 1, b = 1;
+    for (int64_t i = 0; i < rank; ++i) (i < axis ? a : b) *= in[static_cast<size_t>(i)];
+    *out = {a, b};
+    return "";
+  }
+  if (op == "Reshape") {
+    if (opset >= 5 && !second) return "shape not constant";
+    const std::vector<int64_t> spec = opset < 5 ? node.attr_ints("shape") : ints_of(second);
+    const bool allowzero = opset >= 14 && node.attr_int("allowzero", 0) != 0;
+    int64_t known = 1;
+    int infer = -1;
+    out->resize(spec.size());
+    for (size_t i = 0; i < spec.size(); ++i) {
+      const int64_t d = spec[i];
+      if (d == 0 && !allowzero) {
+        if (static_cast<int64_t>(i) >= rank) return "shape copies a dimension the input lacks";
+        (*out)[i] = in[i];
+      } else if (d == -1) {
+        if (infer >= 0) return "shape with two -1";
+        infer = static_cast<int>(i);
+        continue;
+      } else if (d < -1) {
+        return "negative dimension";
+      } else {
+        (*out)[i] = d;
+      }
+      known *= (*out)[i];
+    }
+    if (infer >= 0) {
+      if (known == 0 || shape_numel(in) % known != 0) return "shape does not divide the elements";
+      (*out)[static_cast<size_t>(infer)] = shape_numel(in) / known;
+    }
+    return shape_numel(*out) == shape_numel(in) ? "" : "element count differs";
+  }
+  std::vector<int64_t> axes;
+  if (opset >= 13) {
+    if (second) axes = ints_of(second);
+  } else {
+    axes = node.attr_ints("axes");
+  }
+  if (opset >= 13 && !second && node.num_inputs() > 1 && node.input(1)) return "axes not constant";
+  if (op == "Squeeze") {
+    std::vector<bool> drop(in.size(), false);
+    if (axes.empty())
+      for (size_t i = 0; i < in.size(); ++i) drop[i] = in[i] == 1;
+    for (int64_t a : axes) {
+      const int64_t ax = norm_axis(a, in.size());
+      if (ax < 0 || ax >= rank || in[static_cast<size_t>(ax)] != 1) return "axis out of range or not of size 1";
+      drop[static_cast<size_t>(ax)] = true;
+    }
+    for (size_t i = 0; i < in.size(); ++i)
+      if (!drop[i]) out->push_back(in[i]);
+    return "";
+  }
+  // Unsqueeze
+  if (axes.empty()) return "no axes";
+  const int64_t out_rank = rank + static_cast<int64_t>(axes.size());
+  std::vector<bool> is_new(static_cast<size_t>(out_rank), false);
+  for (int64_t a : axes) {
+    const int64_t ax = norm_axis(a, static_cast<size_t>(out_rank));
+    if (ax < 0 || ax >= out_rank || is_new[static_cast<size_t>(ax)]) return "axis out of range or repeated";
+    is_new[static_cast<size_t>(ax)] = true;
+  }
+  size_t j = 0;
+  for (int64_t i = 0; i < out_rank; ++i) out->push_back(is_new[static_cast<size_t>(i)] ? 1 : in[j++]);
+  return "";
+}
+
 }  // namespace
 
 NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
@@ -139,6 +217,26 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     l.out_shape = shapes[0];
     if (node.attr_int("keepdims", 1)) l.out_shape[ax] = 1;
     else l.out_shape.erase(l.out_shape.begin() + ax);
+    return l;
+  }
+  // Shape-only ops: the same elements in the same order under a new shape. The CPU kernels return
+  // views; here one device copy (the identity body) keeps every device tensor owning its buffer,
+  // and it is far cheaper than the round trip through the host a fallback costs.
+  if (!mpq_domain && (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze")) {
+    const std::string why = reshaped_shape(node, opset, shapes[0], input(1), &l.out_shape);
+    if (!why.empty()) return fallback(op + ": " + why);
+    l.kind = LaunchKind::Unary;
+    l.unary = cuda::UnaryOp::Identity;
+    return l;
+  }
+  // Global pooling: one reduction over the flattened spatial block of each (n, c) row.
+  if (!mpq_domain && (op == "GlobalAveragePool" || op == "GlobalMaxPool")) {
+    if (shapes[0].size() < 3) return fallback("rank below 3");
+    l.kind = LaunchKind::Reduce;
+    l.reduce = op == "GlobalAveragePool" ? cuda::ReduceOp::Mean : cuda::ReduceOp::Max;
+    l.axis = AxisView{shapes[0][0] * shapes[0][1], shape_numel(shapes[0]) / std::max<int64_t>(1, shapes[0][0] * shapes[0][1]), 1};
+    l.out_shape = shapes[0];
+    std::fill(l.out_shape.begin() + 2, l.out_shape.end(), 1);
     return l;
   }
   if (op == "Softmax" || op == "LogSoftmax") {
