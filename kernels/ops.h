@@ -18,7 +18,7 @@ struct LaunchCtx {
 };
 
 #define MPQ_CUDA_DECLARE_OPS                                                                                        \
-  int unary(UnaryOp op, const float* x, float* y, int64_t n, const LaunchCtx& c);                                  \
+  int unary(UnaryOp op, float alpha, float beta, const float* x, float* y, int64_t n, const LaunchCtx& c);        \
   int binary(BinaryOp op, const Broadcast2& bc, const float* a, const float* b, float* y, int64_t n,               \
              const LaunchCtx& c);                                                                                   \
   int reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t n, int64_t inner, const LaunchCtx& c);  \
@@ -51,7 +51,7 @@ struct LaunchCtx {
   int matmul(const MatmulGeom& g, const float* a, const float* b, float* c, const LaunchCtx& ctx);                  \
   int conv_direct(const ConvGeom& g, const float* x, const float* w, float* y, const LaunchCtx& ctx);               \
   /* training (kernels/bodies/train.cuh); in_dims: the input's shape aligned to bc.rank */                         \
-  int unary_grad(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n,                \
+  int unary_grad(UnaryOp op, float alpha, const float* x, const float* y, const float* dy, float* dx, int64_t n,   \
                  const LaunchCtx& c);                                                                               \
   int softmax_grad(bool log, const float* y, const float* dy, float* dx, int64_t outer, int64_t n, int64_t inner,  \
                    const LaunchCtx& c);                                                                             \

@@ -9,7 +9,7 @@
 namespace mpq::cuda {
 
 struct OpsTable {
-  int (*unary)(UnaryOp, const float*, float*, int64_t, const LaunchCtx&);
+  int (*unary)(UnaryOp, float, float, const float*, float*, int64_t, const LaunchCtx&);
   int (*binary)(BinaryOp, const Broadcast2&, const float*, const float*, float*, int64_t, const LaunchCtx&);
   int (*reduce)(ReduceOp, const float*, float*, int64_t, int64_t, int64_t, const LaunchCtx&);
   int (*softmax)(bool, const float*, float*, int64_t, int64_t, int64_t, const LaunchCtx&);

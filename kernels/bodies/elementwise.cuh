@@ -5,7 +5,7 @@
 
 namespace mpq::cuda {
 
-MPQ_HD inline float unary_apply(UnaryOp op, float x) {
+MPQ_HD inline float unary_apply(UnaryOp op, float x, float alpha = 0.0f, float beta = 0.0f) {
   switch (op) {
     case UnaryOp::Relu: return x > 0.0f ? x : 0.0f;
     case UnaryOp::Sigmoid: return 1.0f / (1.0f + expf(-x));
@@ -19,6 +19,8 @@ MPQ_HD inline float unary_apply(UnaryOp op, float x) {
     case UnaryOp::Gelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case UnaryOp::Reciprocal: return 1.0f / x;
     case UnaryOp::Identity: return x;
+    case UnaryOp::HardSigmoid: return fmaxf(0.0f, fminf(1.0f, alpha * x + beta));
+    case UnaryOp::HardSwish: return x * fmaxf(0.0f, fminf(1.0f, alpha * x + beta));
   }
   return x;
 }
@@ -39,11 +41,12 @@ MPQ_HD inline float binary_apply(BinaryOp op, float a, float b) {
 
 struct UnaryBody {
   UnaryOp op;
+  float alpha, beta;
   const float* x;
   float* y;
   int64_t n;
   MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t i = t.global(); i < n; i += t.stride()) y[i] = unary_apply(op, x[i]);
+    for (int64_t i = t.global(); i < n; i += t.stride()) y[i] = unary_apply(op, x[i], alpha, beta);
   }
 };
 

@@ -9,7 +9,8 @@
 namespace mpq::cuda {
 
 // dX for Y = op(X), from X, Y and dY (the same derivatives as lib/train/grads/unary_grad.cpp).
-MPQ_HD inline float unary_grad_apply(UnaryOp op, float x, float y, float dy) {
+// alpha: HardSigmoid's slope (HardSwish's is fixed); the other ops ignore it.
+MPQ_HD inline float unary_grad_apply(UnaryOp op, float x, float y, float dy, float alpha) {
   switch (op) {
     case UnaryOp::Relu: return x > 0.0f ? dy : 0.0f;
     case UnaryOp::Sigmoid: return dy * y * (1.0f - y);
@@ -24,19 +25,24 @@ MPQ_HD inline float unary_grad_apply(UnaryOp op, float x, float y, float dy) {
       return dy * (0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x));
     case UnaryOp::Reciprocal: return -dy * y * y;
     case UnaryOp::Identity: return dy;
+    // The slope where the output is strictly inside (0, 1).
+    case UnaryOp::HardSigmoid: return y > 0.0f && y < 1.0f ? alpha * dy : 0.0f;
+    // 0 below -3, 1 above 3, x / 3 + 1/2 between (PyTorch's bounds).
+    case UnaryOp::HardSwish: return dy * (x < -3.0f ? 0.0f : (x > 3.0f ? 1.0f : x * (1.0f / 3.0f) + 0.5f));
   }
   return dy;
 }
 
 struct UnaryGradBody {
   UnaryOp op;
+  float alpha;
   const float* x;
   const float* y;
   const float* dy;
   float* dx;
   int64_t n;
   MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t i = t.global(); i < n; i += t.stride()) dx[i] = unary_grad_apply(op, x[i], y[i], dy[i]);
+    for (int64_t i = t.global(); i < n; i += t.stride()) dx[i] = unary_grad_apply(op, x[i], y[i], dy[i], alpha);
   }
 };
 

@@ -63,8 +63,8 @@ TEST_CASE("GPU elementwise, reduction and softmax launchers match the host harne
   MPQ_REQUIRE_GPU();
   const std::vector<float> x = rnd(3 * 7 * 5, 1);
   // erff / expf: CUDA's device math library and glibc may differ in the last bit.
-  close_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::unary(cuda::UnaryOp::Gelu, a, y, 105, c); },
-               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::unary(cuda::UnaryOp::Gelu, a, y, 105, c); });
+  close_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::unary(cuda::UnaryOp::Gelu, 0, 0, a, y, 105, c); },
+               [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::unary(cuda::UnaryOp::Gelu, 0, 0, a, y, 105, c); });
   Shape out;
   const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2({3, 7, 5}, {7, 1}, &out);
   const std::vector<float> b = rnd(7, 2, 0.5f, 2);
@@ -207,8 +207,8 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   // Backward bodies.
   const std::vector<float> v = rnd(105, 65), dyv = rnd(105, 66);
   DeviceBuf<float> dv(v), ddy(dyv);
-  close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::unary_grad(cuda::UnaryOp::Gelu, in, v.data(), dyv.data(), dx, 105, c); },
-                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::unary_grad(cuda::UnaryOp::Gelu, in, dv.get(), ddy.get(), dx, 105, c); });
+  close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::unary_grad(cuda::UnaryOp::Gelu, 0, in, v.data(), dyv.data(), dx, 105, c); },
+                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::unary_grad(cuda::UnaryOp::Gelu, 0, in, dv.get(), ddy.get(), dx, 105, c); });
   close_on_both(v, 105, [&](const float* y, float* dx, const cuda::LaunchCtx& c) { return cuda::host::softmax_grad(false, y, dyv.data(), dx, 3, 7, 5, c); },
                 [&](const float* y, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::softmax_grad(false, y, ddy.get(), dx, 3, 7, 5, c); });
   Shape joined;

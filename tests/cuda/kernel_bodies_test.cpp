@@ -33,20 +33,27 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
     const char* op;
     cuda::UnaryOp code;
     float lo, hi;
+    float alpha = 0, beta = 0;  // HardSigmoid's attributes (HardSwish: its fixed 1/6, 1/2)
+    int opset = 13;
   };
   const Case cases[] = {{"Relu", cuda::UnaryOp::Relu, -2, 2},     {"Sigmoid", cuda::UnaryOp::Sigmoid, -9, 9},
                         {"Tanh", cuda::UnaryOp::Tanh, -4, 4},     {"Exp", cuda::UnaryOp::Exp, -8, 8},
                         {"Log", cuda::UnaryOp::Log, 0.01f, 50},   {"Neg", cuda::UnaryOp::Neg, -3, 3},
                         {"Abs", cuda::UnaryOp::Abs, -3, 3},       {"Sqrt", cuda::UnaryOp::Sqrt, 0, 9},
                         {"Erf", cuda::UnaryOp::Erf, -3, 3},       {"Reciprocal", cuda::UnaryOp::Reciprocal, 0.1f, 4},
-                        {"Identity", cuda::UnaryOp::Identity, -1, 1}};
+                        {"Identity", cuda::UnaryOp::Identity, -1, 1},
+                        {"HardSigmoid", cuda::UnaryOp::HardSigmoid, -6, 6, 0.3f, 0.4f},
+                        {"HardSwish", cuda::UnaryOp::HardSwish, -5, 5, 1.0f / 6.0f, 0.5f, 14}};
   uint32_t seed = 11;
   for (const Case& k : cases) {
     INFO(k.op);
     const Tensor x = test::random_tensor({3, 5, 7}, seed++, k.lo, k.hi);
-    const Tensor want = test::run_node(k.op, {x}, {}, 1, 13, 2).at(0);
+    std::vector<ir::Attribute> attrs;
+    if (k.code == cuda::UnaryOp::HardSigmoid)
+      attrs = {ir::Attribute::make_float("alpha", k.alpha), ir::Attribute::make_float("beta", k.beta)};
+    const Tensor want = test::run_node(k.op, {x}, attrs, 1, k.opset, 2).at(0);
     test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
-      return cuda::host::unary(k.code, x.data<float>(), y, x.numel(), c);
+      return cuda::host::unary(k.code, k.alpha, k.beta, x.data<float>(), y, x.numel(), c);
     });
   }
   SECTION("Gelu (erf form) against a double reference") {
@@ -57,7 +64,7 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
       want.data<float>()[i] = static_cast<float>(0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
     }
     test::check_every_launch(want, 1e-5, 1e-6, [&](float* y, const cuda::LaunchCtx& c) {
-      return cuda::host::unary(cuda::UnaryOp::Gelu, x.data<float>(), y, 37, c);
+      return cuda::host::unary(cuda::UnaryOp::Gelu, 0, 0, x.data<float>(), y, 37, c);
     });
   }
 }

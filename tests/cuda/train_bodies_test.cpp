@@ -62,7 +62,9 @@ TEST_CASE("unary backward bodies match the CPU backward kernels", "[cuda][host_b
                         {"Log", cuda::UnaryOp::Log, 0.1f, 3, 13},          {"Neg", cuda::UnaryOp::Neg, -2, 2, 13},
                         {"Abs", cuda::UnaryOp::Abs, -2, 2, 13},            {"Sqrt", cuda::UnaryOp::Sqrt, 0.1f, 4, 13},
                         {"Erf", cuda::UnaryOp::Erf, -2, 2, 13},            {"Gelu", cuda::UnaryOp::Gelu, -3, 3, 20},
-                        {"Reciprocal", cuda::UnaryOp::Reciprocal, 0.2f, 3, 13}, {"Identity", cuda::UnaryOp::Identity, -2, 2, 16}};
+                        {"Reciprocal", cuda::UnaryOp::Reciprocal, 0.2f, 3, 13}, {"Identity", cuda::UnaryOp::Identity, -2, 2, 16},
+                        // HardSigmoid with its default alpha (0.2), the node cpu_backward builds has no attributes
+                        {"HardSigmoid", cuda::UnaryOp::HardSigmoid, -6, 6, 6}, {"HardSwish", cuda::UnaryOp::HardSwish, -5, 5, 14}};
   for (const Case& c : cases) {
     INFO(c.op);
     const Tensor x = test::random_tensor({3, 37}, 21, c.lo, c.hi), dy = test::random_tensor({3, 37}, 22);
@@ -70,7 +72,7 @@ TEST_CASE("unary backward bodies match the CPU backward kernels", "[cuda][host_b
     const Tensor want = cpu_backward(c.op, c.opset, x, y, dy);
     REQUIRE(want.defined());
     test::check_every_launch(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
-      return cuda::host::unary_grad(c.code, x.data<float>(), y.data<float>(), dy.data<float>(), dx, x.numel(), ctx);
+      return cuda::host::unary_grad(c.code, c.code == cuda::UnaryOp::HardSigmoid ? 0.2f : 0.0f, x.data<float>(), y.data<float>(), dy.data<float>(), dx, x.numel(), ctx);
     });
   }
 }

@@ -86,6 +86,11 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
                 {ir::Attribute::make_string("mode", "linear")}, 13, LaunchKind::Resize2d);
   check_planned("Resize", {f({1, 2, 5, 7}), Tensor(), Tensor(), i64({4}, {1, 2, 3, 11})},
                 {ir::Attribute::make_string("coordinate_transformation_mode", "asymmetric")}, 13, LaunchKind::Resize2d);
+  check_planned("HardSigmoid", {f({2, 3})}, {ir::Attribute::make_float("alpha", 0.25f)}, 13, LaunchKind::Unary);
+  const NodeLaunch hs = plan("HardSigmoid", {f({2, 3})}, {ir::Attribute::make_float("alpha", 0.25f)}, 13);
+  CHECK(hs.alpha == 0.25f);
+  CHECK(hs.beta == 0.5f);
+  check_planned("HardSwish", {f({2, 3})}, {}, 14, LaunchKind::Unary);
   // Shape-only ops (one device copy under the new shape) and global pooling (one reduction).
   check_planned("Flatten", {f({2, 3, 4, 5})}, {ir::Attribute::make_int("axis", -2)}, 13, LaunchKind::Unary);
   check_planned("Flatten", {f({2, 3})}, {ir::Attribute::make_int("axis", 0)}, 13, LaunchKind::Unary);

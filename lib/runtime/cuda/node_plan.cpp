@@ -52,7 +52,8 @@ const std::map<std::string, cuda::UnaryOp>& unary_ops() {
       {"Relu", cuda::UnaryOp::Relu}, {"Sigmoid", cuda::UnaryOp::Sigmoid},       {"Tanh", cuda::UnaryOp::Tanh},
       {"Exp", cuda::UnaryOp::Exp},   {"Log", cuda::UnaryOp::Log},               {"Neg", cuda::UnaryOp::Neg},
       {"Abs", cuda::UnaryOp::Abs},   {"Sqrt", cuda::UnaryOp::Sqrt},             {"Erf", cuda::UnaryOp::Erf},
-      {"Gelu", cuda::UnaryOp::Gelu}, {"Reciprocal", cuda::UnaryOp::Reciprocal}, {"Identity", cuda::UnaryOp::Identity}};
+      {"Gelu", cuda::UnaryOp::Gelu}, {"Reciprocal", cuda::UnaryOp::Reciprocal}, {"Identity", cuda::UnaryOp::Identity},
+      {"HardSigmoid", cuda::UnaryOp::HardSigmoid}, {"HardSwish", cuda::UnaryOp::HardSwish}};
   return m;
 }
 
@@ -190,6 +191,13 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     if (op == "Gelu" && node.attr_string("approximate", "none") != "none") return fallback("Gelu approximate=tanh");
     l.kind = LaunchKind::Unary;
     l.unary = u->second;
+    if (op == "HardSigmoid") {
+      l.alpha = node.attr_float("alpha", 0.2f);
+      l.beta = node.attr_float("beta", 0.5f);
+    } else if (op == "HardSwish") {
+      l.alpha = 1.0f / 6.0f;
+      l.beta = 0.5f;
+    }
     l.out_shape = shapes[0];
     return l;
   }

@@ -41,6 +41,7 @@ struct NodeLaunch {
   std::string reason;  // Fallback: why the CPU runs it
   Shape out_shape;
   cuda::UnaryOp unary = cuda::UnaryOp::Identity;
+  float alpha = 0.0f, beta = 0.0f;  // HardSigmoid / HardSwish
   cuda::BinaryOp binary = cuda::BinaryOp::Add;
   cuda::ReduceOp reduce = cuda::ReduceOp::Sum;
   bool log_softmax = false;

@@ -74,7 +74,7 @@ struct Runner {
     switch (l.kind) {
       case LaunchKind::Unary: {
         Tensor y = out(DType::Float32, l.out_shape);
-        check(ops.unary(l.unary, fp(input(0)), fp(y), y.numel(), ctx(y.numel())), "unary kernel launch");
+        check(ops.unary(l.unary, l.alpha, l.beta, fp(input(0)), fp(y), y.numel(), ctx(y.numel())), "unary kernel launch");
         return {y};
       }
       case LaunchKind::Binary: {
