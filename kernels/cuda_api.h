@@ -42,7 +42,7 @@ struct CudaApi {
   // Device memory, pinned host staging and streams (version 2). Each returns 0 or the
   // cudaError_t code; error_string gives cudaGetErrorString's text. Device memory is plain
   // cudaMalloc, never managed memory. memcpy_async kinds: 0 host->device, 1 device->host,
-  // 2 device->device. Used by runtime/cuda/plugin_backend.h; NEVER RUN on a GPU yet.
+  // 2 device->device. Used by runtime/cuda/plugin_backend.h.
   int (*device_malloc)(void** ptr, size_t bytes) = nullptr;
   int (*device_free)(void* ptr) = nullptr;
   int (*host_malloc_pinned)(void** ptr, size_t bytes) = nullptr;
@@ -54,7 +54,7 @@ struct CudaApi {
   const char* (*error_string)(int code) = nullptr;
 
   // The shared kernel bodies' GPU launchers (version 3; kernels/ops_table.h), for the CUDA node
-  // runner (runtime/cuda/node_runner.h). NEVER RUN on a GPU yet.
+  // runner (runtime/cuda/node_runner.h).
   const OpsTable* ops = nullptr;
 
   // The same entry points as the host harness runs them (version 4): nvcc's host compilation of

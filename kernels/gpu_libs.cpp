@@ -4,7 +4,7 @@
 // library has no algorithm for a problem, FP32 problems run the direct bodies of
 // kernels/bodies/linalg.cuh on the device (gpu_linalg.cu) so the node stays on the GPU; other types
 // report NOT_SUPPORTED and the runner moves the node to the CPU. g++ with the CUDA headers; part of
-// mpq_cuda_gpu_ops (the plugin and the gpu_* tests). NEVER RUN on a GPU yet.
+// mpq_cuda_gpu_ops (the plugin and the gpu_* tests); run on an H100 by scripts/gpu_check.sh (docs/gpu.md).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>

@@ -4,7 +4,7 @@
 //  - mpq::cuda::gpu (kernels/gpu_libs.cpp, in the plugin): cublasLtMatmul with a cached heuristic
 //    choice, cudnnConvolutionForward with a cached algorithm; when the library declines a problem
 //    (no algorithm, no engine within the workspace budget) they run the direct bodies of
-//    kernels/bodies/linalg.cuh on the device instead. NEVER RUN on a GPU yet.
+//    kernels/bodies/linalg.cuh on the device instead. First run on an H100 on 2026-11-26.
 //  - mpq::cuda::host (kernels/host_harness.cu): the direct bodies over the geometry the plan
 //    describes (matmul_geom / conv_geom below), so the host tests check every plan -- operand swap,
 //    transposes, leading dimensions, batch strides, groups, pads -- against mpq's CPU kernels.

@@ -39,11 +39,12 @@ bool cuda_available() {
 
 BackendKind resolve_device(const std::string& flag) {
   if (flag == "cpu") return BackendKind::CPU;
-  // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h). `auto` stays on the CPU
-  // until that path has passed scripts/gpu_check.sh on a real GPU (docs/gpu.md): no session has
-  // had one yet, and choosing untested code silently would be worse than asking for it by name.
-  constexpr bool kCudaVerifiedOnGpu = false;
-  if (flag == "auto") return kCudaVerifiedOnGpu && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
+  // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h). It passed
+  // scripts/gpu_check.sh on an H100 (docs/gpu.md), but `auto` stays on the CPU: the path has no
+  // FP16/BF16 kernels yet, so an FP16 model runs node by node on the CPU with copies each way
+  // (measured 10-200x slower than PyTorch there), and `auto` does not look at the model.
+  constexpr bool kAutoPicksCuda = false;
+  if (flag == "auto") return kAutoPicksCuda && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
   if (flag == "cuda") {
     if (!cuda_available()) fail_input("--device cuda: CUDA is not usable here: {}", query_devices().cuda_unavailable_reason);
     return BackendKind::CUDA;

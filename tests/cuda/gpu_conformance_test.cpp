@@ -1,6 +1,6 @@
 // ONNX's backend test cases through the executor's CUDA path on a GPU (the plugin: launchers,
 // cuBLASLt, cuDNN), as cuda_conformance_test does with the host kernel table. Skipped, with the
-// reason, without a GPU. NEVER RUN on a GPU yet (docs/gpu.md).
+// reason, without a GPU. Passed on an H100 (docs/gpu.md).
 #include "conformance_suite.h"
 #include "gpu_support.h"
 

@@ -84,3 +84,38 @@ TEST_CASE("inputs and outputs go through one pinned staging buffer, reused run a
   }
   CHECK(mem.pinned_live == 0);
 }
+
+TEST_CASE("Shape runs from the dimensions and small integer values keep host copies: no device-to-host copy mid-run",
+          "[cuda][host_bodies][runner]") {
+  // The transformer computes its Reshape targets at run time: Shape -> Gather -> Unsqueeze ->
+  // Concat (int64, on the CPU kernels) -> Reshape. Shape must not copy its (float) input back,
+  // the int64 chain must read host copies, and the Reshape must then plan on the device.
+  struct CountingMemory : test::HostMemory {
+    int device_to_host = 0;
+    int copy(void* dst, const void* src, size_t bytes, rt::gpu::CopyKind kind, void* stream) override {
+      if (kind == rt::gpu::CopyKind::DeviceToHost) ++device_to_host;
+      return test::HostMemory::copy(dst, src, bytes, kind, stream);
+    }
+  };
+  CountingMemory mem;
+  const ir::Model m = ir::load_model(test::models_dir() / "transformer_op13.onnx");
+  const rt::Feeds feeds = test::random_feeds(m);
+  rt::Executor cpu(m);
+  const std::vector<Tensor> want = cpu.run(feeds);
+  rt::gpu::CachingAllocator alloc(mem);
+  rt::gpu::KernelRuntime krt{mpq::cuda::host_ops_table(), alloc, mem, nullptr};
+  rt::gpu::FallbackLog log;
+  rt::gpu::GraphRunStats stats;
+  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
+  REQUIRE(got.size() == want.size());
+  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  REQUIRE(stats.on_device.count("Shape") == 1);
+  REQUIRE(stats.on_device.count("Reshape") == 1);
+  CHECK(stats.on_cpu.count("Shape") == 0);
+  CHECK(stats.on_cpu.count("Reshape") == 0);
+  CHECK(stats.on_cpu.count("Concat") == 1);  // int64 shape arithmetic stays on the CPU kernels
+  // Only the graph's outputs come back (no staging buffer here: one copy per output); the float
+  // Gathers' indices are known on the host, so no out-of-range flag is read back either.
+  CHECK(mem.device_to_host == static_cast<int>(got.size()));
+  CHECK(alloc.stats().in_use == 0);
+}

@@ -118,6 +118,35 @@ inline void run_linalg_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& 
              atol);
 }
 
+// Gather with indices the planner does not see (computed on the device): the body flags an index
+// out of range and the runner reads the flag back and fails naming the node.
+inline void check_gather_device_indices(const cuda::OpsTable& table, DeviceMemoryBackend& mem) {
+  CachingAllocator alloc(mem);
+  KernelRuntime rt{table, alloc, mem, nullptr};
+  ir::Model m;
+  m.set_opset("", 13);
+  ir::Graph* g = m.graph.get();
+  ir::Node* node = g->add_node("Gather", {g->add_value("x"), g->add_value("i")}, {g->add_value("y")}, "gather_under_test");
+  const Tensor x = f({5, 6}, 60);
+  for (const bool in_range : {true, false}) {
+    INFO("in range: " << in_range);
+    const Tensor idx = in_range ? i64({3}, {4, -5, 0}) : i64({2}, {1, 5});
+    const rt::cuda_plan::NodeLaunch l =
+        rt::cuda_plan::plan_node(*node, 13, {x.shape(), idx.shape()}, {DType::Float32, DType::Int64}, {nullptr, nullptr});
+    REQUIRE(l.kind == rt::cuda_plan::LaunchKind::Gather);
+    REQUIRE_FALSE(l.indices_checked);
+    const std::vector<Tensor> dev = {to_device(x, alloc, mem, nullptr, "x", "Input"), to_device(idx, alloc, mem, nullptr, "i", "Input")};
+    if (!in_range) {
+      CHECK_THROWS_WITH(run_planned_node(l, *node, dev, rt), Catch::Contains("gather_under_test") && Catch::Contains("outside"));
+      continue;
+    }
+    const Tensor got = to_host(run_planned_node(l, *node, dev, rt).at(0), mem, nullptr, "y", "Output");
+    const Tensor want = test::run_node("Gather", {x, idx}, {}, 1, 13, 1, "").at(0);
+    REQUIRE(got.shape() == want.shape());
+    for (int64_t k = 0; k < got.numel(); ++k) CHECK(got.get_double(k) == want.get_double(k));
+  }
+}
+
 // The node cases both runner tests use (host kernel table here, GPU launchers on a GPU).
 inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
   check_node(t, mem, "Sigmoid", {f({3, 5}, 1)}, {}, 13);
@@ -136,6 +165,7 @@ inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
   check_node(t, mem, "Transpose", {f({2, 3, 4}, 11)}, {ir::Attribute::make_ints("perm", {1, 2, 0})}, 13);
   check_node(t, mem, "Slice", {f({5, 6}, 12), i64({1}, {-1}), i64({1}, {-7}), i64({1}, {1}), i64({1}, {-2})}, {}, 13);
   check_node(t, mem, "Gather", {f({5, 6}, 13), i64({3}, {4, -5, 0})}, {}, 13);
+  check_gather_device_indices(t, mem);
   check_node(t, mem, "Concat", {f({2, 3}, 14), f({2, 2}, 15), f({2, 1}, 16)}, {ir::Attribute::make_int("axis", -1)}, 13);
   check_node(t, mem, "QuantizeLinear", {f({2, 3, 4}, 17), Tensor::from<float>({3}, {0.01f, 0.02f, 0.03f}), Tensor::from<int8_t>({3}, {0, 5, -3})},
              {ir::Attribute::make_int("axis", 1)}, 13, 1, "", 0);

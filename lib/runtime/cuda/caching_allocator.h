@@ -3,7 +3,7 @@
 // microseconds, so freed blocks are kept and handed out again. Plain device memory only (the
 // backend is cudaMalloc in the plugin; managed memory is never used: its page migration would
 // make timings and OOM behaviour unpredictable). Host logic only, unit-tested with a fake backend
-// (tests/runtime/cuda_allocator_test.cpp); NEVER RUN against real device memory yet.
+// (tests/runtime/cuda_allocator_test.cpp), and on an H100's memory by the gpu_* tests.
 //
 // Blocks are cached per stream: a block freed on stream S is reused only for work on S, whose
 // queue order guarantees the earlier kernels using it are finished before new ones start. Moving

@@ -1,7 +1,7 @@
 #pragma once
 // What one executor needs to run on a GPU: the plugin, one stream of its own, the device memory
 // backend and a caching allocator on that stream, and the log of ops that fell back to the CPU.
-// Owned by an Executor with BackendKind::CUDA; NEVER RUN on a GPU yet.
+// Owned by an Executor with BackendKind::CUDA.
 #include <memory>
 #include <mutex>
 #include <set>

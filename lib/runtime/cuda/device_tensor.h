@@ -3,7 +3,7 @@
 // the caching allocator when the last reference dies. Copies between host and device are always
 // explicit (to_device / to_host); nothing converts implicitly. The allocator and backend must
 // outlive the tensors (the executor owns all three). Tested on the host with a fake backend
-// (tests/runtime/cuda_allocator_test.cpp); NEVER RUN on a GPU yet.
+// (tests/runtime/cuda_allocator_test.cpp), and on an H100 by the gpu_* tests.
 #include <string>
 #include <vector>
 

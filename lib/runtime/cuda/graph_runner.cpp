@@ -1,5 +1,6 @@
 #include "runtime/cuda/graph_runner.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -11,23 +12,57 @@ namespace mpq::rt::gpu {
 
 namespace {
 
-// The node's CPU kernel on host copies of its inputs; outputs copied back to the device. The host
-// outputs are temporaries: that is safe because they are pageable memory, and cudaMemcpyAsync from
-// pageable memory returns only once the source has been staged (CUDA runtime API, "API
-// synchronization behavior"). Pinned buffers would need the stream synchronized first.
-std::vector<Tensor> run_on_cpu(const ir::Node& node, int opset, const std::vector<Tensor>& inputs, KernelRuntime& rt) {
+// Small integer tensors (shapes, axes, indices) are also kept on the host as they are made, so
+// that the planner can read them (a Reshape whose shape is computed at run time runs on the GPU)
+// and the CPU kernels of shape arithmetic need no copy back and no synchronization.
+bool keep_host_mirror(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::Int64 || t.dtype() == DType::Int32) && t.numel() <= 64;
+}
+
+// The node's CPU kernel on host copies of its inputs (or their host mirrors); outputs copied back
+// to the device, and returned on the host in `*host_outs`. The uploads are safe from temporaries:
+// they are pageable memory, and cudaMemcpyAsync from pageable memory returns only once the source
+// has been staged (CUDA runtime API, "API synchronization behavior"). Pinned buffers would need the
+// stream synchronized first.
+std::vector<Tensor> run_on_cpu(const ir::Node& node, int opset, const std::vector<Tensor>& inputs,
+                               const std::vector<const Tensor*>& mirrors, KernelRuntime& rt, std::vector<Tensor>* host_outs) {
   std::vector<Tensor> host;
   std::vector<const Tensor*> ptrs;
   host.reserve(inputs.size());
-  for (const Tensor& t : inputs)
-    host.push_back(!t.defined() || t.is_host() ? t : to_host(t, rt.backend, rt.stream, node.name, node.op_type));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (i < mirrors.size() && mirrors[i]) host.push_back(*mirrors[i]);
+    else host.push_back(!t.defined() || t.is_host() ? t : to_host(t, rt.backend, rt.stream, node.name, node.op_type));
+  }
   for (const Tensor& t : host) ptrs.push_back(t.defined() ? &t : nullptr);
   std::vector<Tensor> outs;
-  std::vector<Tensor> computed = rt.cpu_pool ? evaluate_node(node, opset, ptrs, *rt.cpu_pool) : evaluate_node(node, opset, ptrs);
-  for (Tensor& t : computed)
+  *host_outs = rt.cpu_pool ? evaluate_node(node, opset, ptrs, *rt.cpu_pool) : evaluate_node(node, opset, ptrs);
+  for (const Tensor& t : *host_outs)
     outs.push_back(!t.defined() || t.dtype() == DType::String ? t
                                                               : to_device(t, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
   return outs;
+}
+
+// Shape and Size read only their input's dimensions, which a device tensor carries on the host:
+// no copy of the data and no synchronization. Same semantics as the CPU kernels (Shape's start and
+// end from opset 15: negative from the back, clamped to [0, rank]).
+bool shape_from_metadata(const ir::Node& node, const std::vector<Tensor>& inputs, Tensor* out) {
+  if (!node.domain.empty() || inputs.size() != 1 || !inputs[0].defined()) return false;
+  const Shape& s = inputs[0].shape();
+  if (node.op_type == "Size") {
+    *out = Tensor::scalar<int64_t>(inputs[0].numel());
+    return true;
+  }
+  if (node.op_type != "Shape") return false;
+  const int64_t rank = static_cast<int64_t>(s.size());
+  auto clamp = [&](int64_t v) {
+    if (v < 0) v += rank;
+    return v < 0 ? int64_t{0} : (v > rank ? rank : v);
+  };
+  const int64_t start = clamp(node.attr_int("start", 0));
+  const int64_t end = std::max(start, clamp(node.attr_int("end", rank)));
+  *out = Tensor::from<int64_t>({end - start}, std::vector<int64_t>(s.begin() + start, s.begin() + end));
+  return true;
 }
 
 }  // namespace
@@ -59,6 +94,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       if (v) last_use[v] = i;
 
   std::unordered_map<const ir::Value*, Tensor> dev;  // device copy of every live value
+  std::unordered_map<const ir::Value*, Tensor> mirror;  // host copies of small integer values (keep_host_mirror)
   auto upload = [&](const ir::Value* v, const Tensor& host) {
     dev[v] = host.dtype() == DType::String ? host : to_device(host, rt.alloc, rt.backend, rt.stream, v->name(), "Input");
   };
@@ -89,12 +125,33 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
           fed.push_back(v);
           hosts.push_back(&it->second);
           names.push_back(v->name());
+          if (keep_host_mirror(it->second)) mirror[v] = it->second;
         }
         observe(v, it->second);
       }
     std::vector<Tensor> up = to_device_all(hosts, rt.staging, rt.alloc, rt.backend, rt.stream, names);
     for (size_t i = 0; i < fed.size(); ++i) dev[fed[i]] = std::move(up[i]);
   }
+
+  // A node's outputs become live values (host mirrors of the small integer ones too); its inputs'
+  // buffers go back to the allocator after their last reader.
+  auto record_outputs = [&](const ir::Node& node, std::vector<Tensor>& outs, const std::vector<Tensor>& host_outs) {
+    for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
+      if (const ir::Value* v = node.output(i)) {
+        const Tensor* host = i < host_outs.size() ? &host_outs[i] : nullptr;
+        observe(v, host && host->defined() ? *host : outs[i]);
+        if (!last_use.count(v) && !keep.count(v)) continue;
+        if (host && keep_host_mirror(*host)) mirror[v] = *host;
+        dev[v] = std::move(outs[i]);
+      }
+  };
+  auto release_inputs = [&](size_t index) {
+    for (const ir::Value* v : g.nodes()[index]->inputs())
+      if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) {
+        dev.erase(v);
+        mirror.erase(v);
+      }
+  };
 
   for (size_t index = 0; index < g.nodes().size(); ++index) {
     const ir::Node& node = *g.nodes()[index];
@@ -105,13 +162,14 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     std::vector<Tensor> inputs;
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
-    std::vector<const Tensor*> consts;
+    std::vector<const Tensor*> consts, mirrors;
     for (const ir::Value* v : node.inputs()) {
       if (!v) {
         inputs.emplace_back();
         shapes.emplace_back();
         dtypes.push_back(DType::Undefined);
         consts.push_back(nullptr);
+        mirrors.push_back(nullptr);
         continue;
       }
       auto it = dev.find(v);
@@ -119,10 +177,22 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       inputs.push_back(it->second);
       shapes.push_back(it->second.shape());
       dtypes.push_back(it->second.dtype());
-      consts.push_back(v->is_constant() ? &v->initializer() : nullptr);
+      // Host data without a copy: a small integer value's mirror, or a constant's initializer.
+      auto m = mirror.find(v);
+      mirrors.push_back(m != mirror.end() ? &m->second : (v->is_constant() ? &v->initializer() : nullptr));
+      consts.push_back(v->is_constant() ? &v->initializer() : mirrors.back());
+    }
+    std::vector<Tensor> outs, host_outs;
+    Tensor meta;
+    if (shape_from_metadata(node, inputs, &meta)) {
+      outs.push_back(to_device(meta, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
+      host_outs.push_back(std::move(meta));
+      if (stats) ++stats->on_device[node.op_type];
+      record_outputs(node, outs, host_outs);
+      release_inputs(index);
+      continue;
     }
     const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, consts);
-    std::vector<Tensor> outs;
     bool on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
     if (on_device) {
       try {
@@ -136,16 +206,11 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     } else {
       log.note(node.op_type, plan.reason);
     }
-    if (!on_device) outs = run_on_cpu(node, opset, inputs, rt);
+    if (!on_device) outs = run_on_cpu(node, opset, inputs, mirrors, rt, &host_outs);
     if (stats) ++(on_device ? stats->on_device : stats->on_cpu)[node.op_type];
-    for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
-      if (const ir::Value* v = node.output(i)) {
-        observe(v, outs[i]);
-        if (last_use.count(v) || keep.count(v)) dev[v] = std::move(outs[i]);
-      }
     inputs.clear();
-    for (const ir::Value* v : node.inputs())
-      if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) dev.erase(v);
+    record_outputs(node, outs, host_outs);
+    release_inputs(index);
   }
   // Outputs and requested intermediates: one batch of copies, one synchronization.
   std::vector<const ir::Value*> wanted(g.outputs().begin(), g.outputs().end());

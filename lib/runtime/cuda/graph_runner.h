@@ -6,7 +6,7 @@
 // goes back to the caching allocator after its last reader. This is the executor's CUDA path
 // (Executor with BackendKind::CUDA). With host_ops_table() and host memory it runs whole models on
 // this machine (tests/cuda/graph_runner_test.cpp, against the CPU executor); with the plugin's
-// gpu_ops_table() and cudaMalloc it is the GPU path (NEVER RUN on a GPU yet).
+// gpu_ops_table() and cudaMalloc it is the GPU path (run on an H100 by scripts/gpu_check.sh (docs/gpu.md)).
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -20,7 +20,7 @@
 namespace mpq::rt::gpu {
 
 struct GraphRunStats {
-  std::map<std::string, int> on_device;  // op type -> nodes run by the kernel table
+  std::map<std::string, int> on_device;  // op type -> nodes run by the kernel table (Shape, Size: from the dimensions alone)
   std::map<std::string, int> on_cpu;     // op type -> nodes run by the CPU kernels (with copies)
 };
 

@@ -350,6 +350,12 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     const int64_t ax = norm_axis(node.attr_int("axis", 0), shapes[0].size());
     l.kind = LaunchKind::Gather;
     l.axis = axis_view(shapes[0], ax);
+    if (const Tensor* idx = input(1)) {
+      // An index out of range goes to the CPU kernel, which reports it in its own words.
+      for (int64_t i = 0; i < idx->numel(); ++i)
+        if (const int64_t v = idx->data<int64_t>()[i]; v < -l.axis.n || v >= l.axis.n) return fallback("Gather index out of range");
+      l.indices_checked = true;
+    }
     l.out_shape.assign(shapes[0].begin(), shapes[0].begin() + ax);
     l.out_shape.insert(l.out_shape.end(), shapes[1].begin(), shapes[1].end());
     l.out_shape.insert(l.out_shape.end(), shapes[0].begin() + ax + 1, shapes[0].end());

@@ -3,7 +3,7 @@
 // cuDNN plan) runs an ONNX node with these input shapes and types, with what launch parameters -
 // or why it falls back to the CPU kernel (logged once per op type by gpu::FallbackLog). Pure host
 // logic, unit-tested against the CPU kernels' output shapes (tests/runtime/cuda_node_plan_test.cpp).
-// The executor does not call it yet (docs/gpu.md).
+// The CUDA graph runner calls it for every node (runtime/cuda/graph_runner.h).
 #include <string>
 #include <vector>
 
@@ -42,6 +42,9 @@ struct NodeLaunch {
   Shape out_shape;
   cuda::UnaryOp unary = cuda::UnaryOp::Identity;
   float alpha = 0.0f, beta = 0.0f;  // HardSigmoid / HardSwish
+  // Gather: the indices were known on the host and are all in range, so the runner needs no
+  // out-of-range flag read back from the device (a synchronization per node).
+  bool indices_checked = false;
   cuda::BinaryOp binary = cuda::BinaryOp::Add;
   cuda::ReduceOp reduce = cuda::ReduceOp::Sum;
   bool log_softmax = false;

@@ -2,7 +2,7 @@
 // Runs one node planned by plan_node() through a kernel table: allocates the outputs from the
 // caching allocator, wires the plan's parameters into the kernel entry point, checks the launch
 // status (errors name the node and op). With the plugin's gpu_ops_table() and real device memory
-// this is the CUDA executor's inner step (NEVER RUN on a GPU yet); the tests point it at
+// this is the CUDA executor's inner step (run on an H100 by scripts/gpu_check.sh (docs/gpu.md)); the host tests point it at
 // host_ops_table() and a host-memory backend, so the whole path from ONNX node to kernel body is
 // checked against the CPU kernels here (tests/cuda/node_runner_test.cpp).
 #include <vector>

@@ -1,6 +1,6 @@
 #pragma once
 // DeviceMemoryBackend over the CUDA plugin's function table (kernels/cuda_api.h, version 2):
-// what the caching allocator and device tensors use on a real GPU. NEVER RUN on a GPU yet.
+// what the caching allocator and device tensors use on a real GPU.
 #include <cstdlib>
 #include <cstring>
 
