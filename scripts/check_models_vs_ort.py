@@ -45,11 +45,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORT_CHECK = os.path.join(ROOT, "scripts", "ort_check.py")
 
 
+IMAGES_NPY = None  # --images-npy
+
+
 def fashion_feeds(tmp, count=64):
     """Real images: the first `count` Fashion-MNIST test images as one feed folder per image."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from fashion_data import load
-    images, _ = load("test", count=count)
+    if IMAGES_NPY:
+        images = np.load(IMAGES_NPY)[:count]
+    else:
+        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        from fashion_data import load
+        images, _ = load("test", count=count)
     d = os.path.join(tmp, "fashion_feeds")
     if not os.path.exists(d):
         for i, img in enumerate(images):
@@ -152,7 +158,13 @@ def main():
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--device", default="cpu",
                     help="mpq's --device for the runs compared (cuda with MPQ_CUDA_EMULATE=host tests the CUDA path here)")
+    ap.add_argument("--images-npy", default=None,
+                    help="Fashion-MNIST test images as preprocessed float32 [n,1,28,28] .npy where Debian's "
+                         "dataset-fashion-mnist is not installed (calib_data/eval/images.npy: the first 1,000 "
+                         "test images in file order, the same preprocessing; a GPU machine uses this)")
     args = ap.parse_args()
+    global IMAGES_NPY
+    IMAGES_NPY = args.images_npy
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for model, data, calib in cases(tmp):

@@ -107,6 +107,12 @@ if [ -n "$repo" ]; then
   # shellcheck disable=SC2086
   step "gpu_bench.py" python3 "$here/gpu_bench.py" --bundle "$here" --repo "$repo" --json "${results%.txt}_bench.json" $bench_args
   sed -n '/^== summary/,$p' "$results" | tail -60
+  # ONNX Runtime agreement through the CUDA path on this GPU (the ctests models_agree_with_ort_cuda_path
+  # and int8_models_agree_with_ort_cuda_path run it with the host kernel table).
+  step "ORT agreement, FP32 models, --device cuda" python3 "$repo/scripts/check_models_vs_ort.py" --mpq "$here/bin/mpq" \
+    --device cuda --images-npy "$repo/calib_data/eval/images.npy"
+  step "ORT agreement, INT8 QDQ models, --device cuda" python3 "$repo/scripts/check_models_vs_ort.py" --mpq "$here/bin/mpq" \
+    --int8 --device cuda --images-npy "$repo/calib_data/eval/images.npy"
 fi
 if [ "$quick" = 0 ]; then
   if [ -n "$sanitizer" ]; then
