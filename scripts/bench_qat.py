@@ -40,24 +40,12 @@ TORCH_SIDE = r"""
 import json, math, os, sys, time
 import numpy as np, onnx, torch
 sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
-from onnx_torch import OnnxTorch
+from onnx_torch import OnnxTorch, fake_quant_student
 fq_path, fp32_path, data, test, loss_kind = sys.argv[2:7]
 epochs, batch, lr, threads = int(sys.argv[7]), int(sys.argv[8]), float(sys.argv[9]), int(sys.argv[10])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-fq = onnx.load(fq_path)
-student = OnnxTorch(fq)
-# What mpq trains: float weights and biases (non-scalar, behind their fake quantizers or not) and
-# every FakeQuant step size (LSQ); zero points, bias-scale products and eps-like constants are not.
-scales = {n.input[1] for n in fq.graph.node if n.domain == "mpq" and n.op_type == "FakeQuant"}
-names = [i.name for i in fq.graph.initializer
-         if i.data_type == onnx.TensorProto.FLOAT and (i.name in scales or np.prod(i.dims) > 1)]
-params = student.parameters(names)
-# Step sizes train in log space, as mpq's optimizer moves them (optimizer.h, ParamGroup::log_space).
-for k in scales:
-    if k in params:
-        params[k].data = params[k].data.log()
-        student.param_transform[k] = torch.exp
+student, params, scales = fake_quant_student(onnx.load(fq_path))
 teacher = OnnxTorch(onnx.load(fp32_path))
 x_all = torch.from_numpy(np.load(os.path.join(data, "images.npy")))
 y_all = torch.from_numpy(np.load(os.path.join(data, "labels.npy")))

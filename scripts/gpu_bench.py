@@ -223,19 +223,9 @@ def section_latency(args, torch):
 def section_qat(args, torch):
     import onnx
     sys.path.insert(0, os.path.join(args.repo, "scripts"))
-    from onnx_torch import OnnxTorch
+    from onnx_torch import OnnxTorch, fake_quant_student
     dev = args.torch_device
-    fq_path = os.path.join(bench_models_dir(args.bundle), "fashion_demo_fq.onnx")
-    fq = onnx.load(fq_path)
-    student = OnnxTorch(fq, device=dev)
-    scales = {n.input[1] for n in fq.graph.node if n.domain == "mpq" and n.op_type == "FakeQuant"}
-    names = [i.name for i in fq.graph.initializer
-             if i.data_type == onnx.TensorProto.FLOAT and (i.name in scales or np.prod(i.dims) > 1)]
-    params = student.parameters(names)
-    for k in scales:
-        if k in params:
-            params[k].data = params[k].data.log()
-            student.param_transform[k] = torch.exp
+    student, params, _ = fake_quant_student(onnx.load(os.path.join(bench_models_dir(args.bundle), "fashion_demo_fq.onnx")), dev)
     teacher = OnnxTorch(onnx.load(os.path.join(args.repo, "calib_data", "demo.onnx")), device=dev)
     x = torch.from_numpy(np.load(os.path.join(args.repo, "calib_data", "eval", "images.npy"))[:64]).to(dev)
     opt = torch.optim.AdamW(list(params.values()), lr=1e-4, weight_decay=0.0)

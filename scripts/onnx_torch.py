@@ -244,3 +244,22 @@ class OnnxTorch:
             return torch._fake_quantize_learnable_per_channel_affine(
                 x[0], scale, zp.reshape(-1).float(), axis, qmin, qmax, factor)
         return torch.fake_quantize_per_channel_affine(x[0], scale.detach(), zp.reshape(-1).int(), axis, qmin, qmax)
+
+
+def fake_quant_student(fq_model, device="cpu"):
+    """The graph mpq trains (`mpq quantize --format fakequant`) as a PyTorch student, set up as mpq
+    trains it: the trainable parameters are the float weights and biases (non-scalar, behind their
+    fake quantizers or not) and every FakeQuant step size (LSQ), the step sizes moving in log space
+    as mpq's optimizer moves them (optimizer.h, ParamGroup::log_space); zero points, bias-scale
+    products and eps-like constants stay fixed. Returns (graph, params: name -> Parameter, the step
+    size names)."""
+    student = OnnxTorch(fq_model, device=device)
+    scales = {n.input[1] for n in fq_model.graph.node if n.domain == "mpq" and n.op_type == "FakeQuant"}
+    names = [i.name for i in fq_model.graph.initializer
+             if i.data_type == onnx.TensorProto.FLOAT and (i.name in scales or np.prod(i.dims) > 1)]
+    params = student.parameters(names)
+    for k in scales:
+        if k in params:
+            params[k].data = params[k].data.log()
+            student.param_transform[k] = torch.exp
+    return student, params, scales
