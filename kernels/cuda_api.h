@@ -11,8 +11,9 @@ namespace mpq::cuda {
 
 struct OpsTable;  // kernels/ops_table.h
 
-// Bumped whenever CudaApi changes; the loader refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 4;
+// Bumped whenever CudaApi or the OpsTable it carries changes (5: unary and unary_grad take alpha
+// and beta, for HardSigmoid/HardSwish); the loader refuses a plugin built for another version.
+inline constexpr int kCudaApiVersion = 5;
 
 struct DeviceInfo {
   int index = 0;

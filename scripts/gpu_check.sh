@@ -125,9 +125,9 @@ if [ "$quick" = 0 ]; then
         if [ "$sanitize_budget" -gt 0 ]; then
           left=$((deadline - SECONDS))
           if [ "$left" -le 5 ]; then log "-- $tool $t: NOT RUN (sanitizer budget spent)"; failures=$((failures + 1)); continue; fi
-          step "$tool $t" timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$f" --use-colour no
+          step "$tool $t" timeout "$left" "$sanitizer" --tool "$tool" --error-exitcode 1 ${extra[@]+"${extra[@]}"} "$f" --use-colour no
         else
-          step "$tool $t" "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$f" --use-colour no
+          step "$tool $t" "$sanitizer" --tool "$tool" --error-exitcode 1 ${extra[@]+"${extra[@]}"} "$f" --use-colour no
         fi
       done
     done

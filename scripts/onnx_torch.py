@@ -202,6 +202,8 @@ class OnnxTorch:
             ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
             scales = x[2].tolist() if len(x) > 2 and x[2] is not None and x[2].numel() else None
             size = x[3].tolist()[2:] if len(x) > 3 and x[3] is not None else None
+            if not size and not scales:
+                raise NotImplementedError("onnx_torch: Resize without scales or sizes")
             sf = None if size else [float(v) for v in scales[2:]]
             if mode == "linear" and ctm == "half_pixel":
                 return F.interpolate(x[0], size=size, scale_factor=sf, mode="bilinear", align_corners=False)

@@ -19,7 +19,8 @@ MPQ_HD inline float unary_apply(UnaryOp op, float x, float alpha = 0.0f, float b
     case UnaryOp::Gelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case UnaryOp::Reciprocal: return 1.0f / x;
     case UnaryOp::Identity: return x;
-    case UnaryOp::HardSigmoid: return fmaxf(0.0f, fminf(1.0f, alpha * x + beta));
+    // NaN stays NaN, as on the CPU (fminf/fmaxf would return the bound).
+    case UnaryOp::HardSigmoid: return hd_isnan(x) ? x : fmaxf(0.0f, fminf(1.0f, alpha * x + beta));
     case UnaryOp::HardSwish: return x * fmaxf(0.0f, fminf(1.0f, alpha * x + beta));
   }
   return x;

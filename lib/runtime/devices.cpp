@@ -42,7 +42,7 @@ BackendKind resolve_device(const std::string& flag) {
   // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h). It passed
   // scripts/gpu_check.sh on an H100 (docs/gpu.md), but `auto` stays on the CPU: the path has no
   // FP16/BF16 kernels yet, so an FP16 model runs node by node on the CPU with copies each way
-  // (measured 10-200x slower than PyTorch there), and `auto` does not look at the model.
+  // (measured up to 200x slower than PyTorch at batch 64), and `auto` does not look at the model.
   constexpr bool kAutoPicksCuda = false;
   if (flag == "auto") return kAutoPicksCuda && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
   if (flag == "cuda") {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,16 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
     test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
       return cuda::host::unary(k.code, k.alpha, k.beta, x.data<float>(), y, x.numel(), c);
     });
+  }
+  SECTION("HardSigmoid keeps NaN, as the CPU kernel does") {
+    const Tensor x = Tensor::from<float>({3}, {std::numeric_limits<float>::quiet_NaN(), -100.0f, 100.0f});
+    const Tensor want = test::run_node("HardSigmoid", {x}, {}, 1, 13, 1).at(0);
+    REQUIRE(std::isnan(want.data<float>()[0]));
+    std::vector<float> y(3, 0.5f);
+    REQUIRE(cuda::host::unary(cuda::UnaryOp::HardSigmoid, 0.2f, 0.5f, x.data<float>(), y.data(), 3, cuda::LaunchCtx{}) == 0);
+    CHECK(std::isnan(y[0]));
+    CHECK(y[1] == 0.0f);
+    CHECK(y[2] == 1.0f);
   }
   SECTION("Gelu (erf form) against a double reference") {
     const Tensor x = test::random_tensor({37}, 5, -5, 5);

@@ -170,6 +170,7 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
   CHECK(reason(plan("Unsqueeze", {f({2, 3}), i64({2}, {1, 1})}, {}, 13)).find("repeated") != std::string::npos);
   CHECK(reason(plan("Flatten", {f({2, 3})}, {ir::Attribute::make_int("axis", 3)}, 13)).find("range") != std::string::npos);
   CHECK(reason(plan("GlobalAveragePool", {f({2, 3})}, {}, 13)) == "rank below 3");
+  CHECK(reason(plan("HardSwish", {f({2, 3})}, {}, 13)) == "HardSwish before opset 14");
   // Gather indices known on the host: checked there (no device flag), or the CPU kernel reports them.
   CHECK(reason(plan("Gather", {f({5, 6}), i64({2}, {1, 6})}, {ir::Attribute::make_int("axis", 1)}, 13)) == "Gather index out of range");
   CHECK(reason(plan("Gather", {f({5, 6}), i64({1}, {-6})}, {}, 13)) == "Gather index out of range");

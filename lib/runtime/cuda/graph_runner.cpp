@@ -46,7 +46,7 @@ std::vector<Tensor> run_on_cpu(const ir::Node& node, int opset, const std::vecto
 // Shape and Size read only their input's dimensions, which a device tensor carries on the host:
 // no copy of the data and no synchronization. Same semantics as the CPU kernels (Shape's start and
 // end from opset 15: negative from the back, clamped to [0, rank]).
-bool shape_from_metadata(const ir::Node& node, const std::vector<Tensor>& inputs, Tensor* out) {
+bool shape_from_metadata(const ir::Node& node, int opset, const std::vector<Tensor>& inputs, Tensor* out) {
   if (!node.domain.empty() || inputs.size() != 1 || !inputs[0].defined()) return false;
   const Shape& s = inputs[0].shape();
   if (node.op_type == "Size") {
@@ -59,8 +59,8 @@ bool shape_from_metadata(const ir::Node& node, const std::vector<Tensor>& inputs
     if (v < 0) v += rank;
     return v < 0 ? int64_t{0} : (v > rank ? rank : v);
   };
-  const int64_t start = clamp(node.attr_int("start", 0));
-  const int64_t end = std::max(start, clamp(node.attr_int("end", rank)));
+  const int64_t start = opset >= 15 ? clamp(node.attr_int("start", 0)) : 0;
+  const int64_t end = opset >= 15 ? std::max(start, clamp(node.attr_int("end", rank))) : rank;
   *out = Tensor::from<int64_t>({end - start}, std::vector<int64_t>(s.begin() + start, s.begin() + end));
   return true;
 }
@@ -184,7 +184,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     }
     std::vector<Tensor> outs, host_outs;
     Tensor meta;
-    if (shape_from_metadata(node, inputs, &meta)) {
+    if (shape_from_metadata(node, opset, inputs, &meta)) {
       outs.push_back(to_device(meta, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
       host_outs.push_back(std::move(meta));
       if (stats) ++stats->on_device[node.op_type];

@@ -195,6 +195,7 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
       l.alpha = node.attr_float("alpha", 0.2f);
       l.beta = node.attr_float("beta", 0.5f);
     } else if (op == "HardSwish") {
+      if (opset < 14) return fallback("HardSwish before opset 14");
       l.alpha = 1.0f / 6.0f;
       l.beta = 0.5f;
     }
