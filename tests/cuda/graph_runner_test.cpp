@@ -8,6 +8,28 @@
 
 using namespace mpq;
 
+namespace {
+
+// One run of a shipped test model through the graph runner with `table` and `mem`: the first
+// output must match the CPU executor's, and no device memory may stay in use. Returns the number
+// of outputs.
+size_t run_model_against_cpu(const char* file, const mpq::cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem,
+                             rt::gpu::FallbackLog& log, rt::gpu::GraphRunStats& stats) {
+  const ir::Model m = ir::load_model(test::models_dir() / file);
+  const rt::Feeds feeds = test::random_feeds(m);
+  rt::Executor cpu(m);
+  const std::vector<Tensor> want = cpu.run(feeds);
+  rt::gpu::CachingAllocator alloc(mem);
+  rt::gpu::KernelRuntime krt{table, alloc, mem, nullptr};
+  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
+  REQUIRE(got.size() == want.size());
+  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  CHECK(alloc.stats().in_use == 0);
+  return got.size();
+}
+
+}  // namespace
+
 TEST_CASE("test models run through the CUDA graph runner on the host kernel table", "[cuda][host_bodies][runner]") {
   test::HostMemory mem;
   test::run_model_cases(mpq::cuda::host_ops_table(), mem);
@@ -26,21 +48,12 @@ TEST_CASE("nodes whose library call declines (NOT_SUPPORTED) run on the CPU inst
     return mpq::cuda::LibStatus{2, mpq::cuda::kCudnnStatusNotSupported, "cudnnConvolutionForward"};
   };
   test::HostMemory mem;
-  const ir::Model m = ir::load_model(test::models_dir() / "resnet_bn_op13.onnx");
-  const rt::Feeds feeds = test::random_feeds(m);
-  rt::Executor cpu(m);
-  const std::vector<Tensor> want = cpu.run(feeds);
-  rt::gpu::CachingAllocator alloc(mem);
-  rt::gpu::KernelRuntime krt{declining, alloc, mem, nullptr};
   rt::gpu::FallbackLog log;
   rt::gpu::GraphRunStats stats;
-  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
-  REQUIRE(got.size() == want.size());
-  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  run_model_against_cpu("resnet_bn_op13.onnx", declining, mem, log, stats);
   CHECK(stats.on_cpu.count("Conv") == 1);
   CHECK(stats.on_device.count("Conv") == 0);
   CHECK(log.ops().count("Conv") == 1);
-  CHECK(alloc.stats().in_use == 0);
 }
 
 TEST_CASE("inputs and outputs go through one pinned staging buffer, reused run after run", "[cuda][host_bodies][runner]") {
@@ -98,17 +111,9 @@ TEST_CASE("Shape runs from the dimensions and small integer values keep host cop
     }
   };
   CountingMemory mem;
-  const ir::Model m = ir::load_model(test::models_dir() / "transformer_op13.onnx");
-  const rt::Feeds feeds = test::random_feeds(m);
-  rt::Executor cpu(m);
-  const std::vector<Tensor> want = cpu.run(feeds);
-  rt::gpu::CachingAllocator alloc(mem);
-  rt::gpu::KernelRuntime krt{mpq::cuda::host_ops_table(), alloc, mem, nullptr};
   rt::gpu::FallbackLog log;
   rt::gpu::GraphRunStats stats;
-  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
-  REQUIRE(got.size() == want.size());
-  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  const size_t outputs = run_model_against_cpu("transformer_op13.onnx", mpq::cuda::host_ops_table(), mem, log, stats);
   REQUIRE(stats.on_device.count("Shape") == 1);
   REQUIRE(stats.on_device.count("Reshape") == 1);
   CHECK(stats.on_cpu.count("Shape") == 0);
@@ -116,6 +121,5 @@ TEST_CASE("Shape runs from the dimensions and small integer values keep host cop
   CHECK(stats.on_cpu.count("Concat") == 1);  // int64 shape arithmetic stays on the CPU kernels
   // Only the graph's outputs come back (no staging buffer here: one copy per output); the float
   // Gathers' indices are known on the host, so no out-of-range flag is read back either.
-  CHECK(mem.device_to_host == static_cast<int>(got.size()));
-  CHECK(alloc.stats().in_use == 0);
+  CHECK(mem.device_to_host == static_cast<int>(outputs));
 }

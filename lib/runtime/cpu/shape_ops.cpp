@@ -12,6 +12,7 @@
 
 #include "runtime/cpu/register_all.h"
 #include "runtime/cpu/shape_internal.h"
+#include "runtime/shape_rules.h"
 
 namespace mpq::rt::cpu {
 
@@ -226,50 +227,21 @@ namespace {
 
 // ---------------------------------------------------------------- view ops
 
+// The output shapes come from runtime/shape_rules.h, shared with the CUDA planner.
 void reshape_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> spec = ctx.opset() < 5 ? ctx.node().attr_ints("shape") : input_ints(ctx, 1);
+  const std::vector<int64_t> spec = ctx.opset() < 5 ? ctx.node().attr_ints("shape") : input_ints(ctx, 1);
   const bool allowzero = ctx.opset() >= 14 && ctx.node().attr_int("allowzero", 0) != 0;
-  Shape out(spec.size());
-  int infer = -1;
-  int64_t known = 1;
-  for (size_t i = 0; i < spec.size(); ++i) {
-    int64_t d = spec[i];
-    if (d == 0 && !allowzero) {
-      if (static_cast<int>(i) >= x.rank())
-        ctx.fail("shape {} copies dimension {} (0) but the input {} has rank {}", shape_str(spec), i,
-                 shape_str(x.shape()), x.rank());
-      out[i] = x.shape()[i];
-    } else if (d == -1) {
-      if (infer >= 0) ctx.fail("shape {} has more than one -1", shape_str(spec));
-      infer = static_cast<int>(i);
-      continue;
-    } else if (d < -1) {
-      ctx.fail("shape {} has an invalid dimension {}", shape_str(spec), d);
-    } else {
-      out[i] = d;
-    }
-    known *= out[i];
-  }
-  if (infer >= 0) {
-    if (known == 0 || x.numel() % known != 0)
-      ctx.fail("cannot reshape {} ({} elements) to {}", shape_str(x.shape()), x.numel(), shape_str(spec));
-    out[static_cast<size_t>(infer)] = x.numel() / known;
-  }
-  if (shape_numel(out) != x.numel())
-    ctx.fail("cannot reshape {} ({} elements) to {}", shape_str(x.shape()), x.numel(), shape_str(spec));
+  Shape out;
+  if (const std::string why = reshape_shape(x.shape(), spec, allowzero, &out); !why.empty()) ctx.fail("{}", why);
   ctx.set_output(0, x.reshaped(std::move(out)));
 }
 
 void flatten_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  int64_t axis = ctx.node().attr_int("axis", 1);
-  const int r = x.rank();
-  if (axis < 0) axis += r;
-  if (axis < 0 || axis > r) ctx.fail("axis {} is out of range for rank {}", ctx.node().attr_int("axis", 1), r);
-  int64_t a = 1, b = 1;
-  for (int i = 0; i < r; ++i) (i < axis ? a : b) *= x.shape()[static_cast<size_t>(i)];
-  ctx.set_output(0, x.reshaped({a, b}));
+  Shape out;
+  if (const std::string why = flatten_shape(x.shape(), ctx.node().attr_int("axis", 1), &out); !why.empty()) ctx.fail("{}", why);
+  ctx.set_output(0, x.reshaped(std::move(out)));
 }
 
 std::vector<int64_t> axes_arg(const KernelContext& ctx) {
@@ -279,38 +251,15 @@ std::vector<int64_t> axes_arg(const KernelContext& ctx) {
 
 void squeeze_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> axes = axes_arg(ctx);
-  std::vector<bool> drop(static_cast<size_t>(x.rank()), false);
-  if (axes.empty()) {
-    for (int i = 0; i < x.rank(); ++i) drop[static_cast<size_t>(i)] = x.shape()[static_cast<size_t>(i)] == 1;
-  } else {
-    for (int64_t a : axes) {
-      int ax = normalize_axis(ctx, a, x.rank());
-      if (x.shape()[static_cast<size_t>(ax)] != 1)
-        ctx.fail("cannot squeeze axis {} of shape {}: its size is not 1", a, shape_str(x.shape()));
-      drop[static_cast<size_t>(ax)] = true;
-    }
-  }
   Shape out;
-  for (int i = 0; i < x.rank(); ++i)
-    if (!drop[static_cast<size_t>(i)]) out.push_back(x.shape()[static_cast<size_t>(i)]);
+  if (const std::string why = squeeze_shape(x.shape(), axes_arg(ctx), &out); !why.empty()) ctx.fail("{}", why);
   ctx.set_output(0, x.reshaped(std::move(out)));
 }
 
 void unsqueeze_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::vector<int64_t> axes = axes_arg(ctx);
-  if (axes.empty()) ctx.fail("axes are required");
-  const int out_rank = x.rank() + static_cast<int>(axes.size());
-  std::vector<bool> is_new(static_cast<size_t>(out_rank), false);
-  for (int64_t a : axes) {
-    int ax = normalize_axis(ctx, a, out_rank);
-    if (is_new[static_cast<size_t>(ax)]) ctx.fail("axis {} is repeated in {}", a, shape_str(axes));
-    is_new[static_cast<size_t>(ax)] = true;
-  }
   Shape out;
-  size_t j = 0;
-  for (int i = 0; i < out_rank; ++i) out.push_back(is_new[static_cast<size_t>(i)] ? 1 : x.shape()[j++]);
+  if (const std::string why = unsqueeze_shape(x.shape(), axes_arg(ctx), &out); !why.empty()) ctx.fail("{}", why);
   ctx.set_output(0, x.reshaped(std::move(out)));
 }
 

@@ -19,19 +19,19 @@ bool keep_host_mirror(const Tensor& t) {
   return t.defined() && (t.dtype() == DType::Int64 || t.dtype() == DType::Int32) && t.numel() <= 64;
 }
 
-// The node's CPU kernel on host copies of its inputs (or their host mirrors); outputs copied back
+// The node's CPU kernel on host copies of its inputs (or their host data, `on_host`); outputs copied back
 // to the device, and returned on the host in `*host_outs`. The uploads are safe from temporaries:
 // they are pageable memory, and cudaMemcpyAsync from pageable memory returns only once the source
 // has been staged (CUDA runtime API, "API synchronization behavior"). Pinned buffers would need the
 // stream synchronized first.
 std::vector<Tensor> run_on_cpu(const ir::Node& node, int opset, const std::vector<Tensor>& inputs,
-                               const std::vector<const Tensor*>& mirrors, KernelRuntime& rt, std::vector<Tensor>* host_outs) {
+                               const std::vector<const Tensor*>& on_host, KernelRuntime& rt, std::vector<Tensor>* host_outs) {
   std::vector<Tensor> host;
   std::vector<const Tensor*> ptrs;
   host.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
-    if (i < mirrors.size() && mirrors[i]) host.push_back(*mirrors[i]);
+    if (i < on_host.size() && on_host[i]) host.push_back(*on_host[i]);
     else host.push_back(!t.defined() || t.is_host() ? t : to_host(t, rt.backend, rt.stream, node.name, node.op_type));
   }
   for (const Tensor& t : host) ptrs.push_back(t.defined() ? &t : nullptr);
@@ -133,26 +133,6 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     for (size_t i = 0; i < fed.size(); ++i) dev[fed[i]] = std::move(up[i]);
   }
 
-  // A node's outputs become live values (host mirrors of the small integer ones too); its inputs'
-  // buffers go back to the allocator after their last reader.
-  auto record_outputs = [&](const ir::Node& node, std::vector<Tensor>& outs, const std::vector<Tensor>& host_outs) {
-    for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
-      if (const ir::Value* v = node.output(i)) {
-        const Tensor* host = i < host_outs.size() ? &host_outs[i] : nullptr;
-        observe(v, host && host->defined() ? *host : outs[i]);
-        if (!last_use.count(v) && !keep.count(v)) continue;
-        if (host && keep_host_mirror(*host)) mirror[v] = *host;
-        dev[v] = std::move(outs[i]);
-      }
-  };
-  auto release_inputs = [&](size_t index) {
-    for (const ir::Value* v : g.nodes()[index]->inputs())
-      if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) {
-        dev.erase(v);
-        mirror.erase(v);
-      }
-  };
-
   for (size_t index = 0; index < g.nodes().size(); ++index) {
     const ir::Node& node = *g.nodes()[index];
     for (const ir::Attribute& a : node.attributes)
@@ -162,14 +142,16 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     std::vector<Tensor> inputs;
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
-    std::vector<const Tensor*> consts, mirrors;
+    // Each input's data on the host where it is there without a copy: a constant's initializer or a
+    // small integer value's mirror (null otherwise). The planner reads them as known values; the
+    // CPU kernels read them instead of copying the device tensor back.
+    std::vector<const Tensor*> on_host;
     for (const ir::Value* v : node.inputs()) {
       if (!v) {
         inputs.emplace_back();
         shapes.emplace_back();
         dtypes.push_back(DType::Undefined);
-        consts.push_back(nullptr);
-        mirrors.push_back(nullptr);
+        on_host.push_back(nullptr);
         continue;
       }
       auto it = dev.find(v);
@@ -177,40 +159,49 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       inputs.push_back(it->second);
       shapes.push_back(it->second.shape());
       dtypes.push_back(it->second.dtype());
-      // Host data without a copy: a small integer value's mirror, or a constant's initializer.
       auto m = mirror.find(v);
-      mirrors.push_back(m != mirror.end() ? &m->second : (v->is_constant() ? &v->initializer() : nullptr));
-      consts.push_back(v->is_constant() ? &v->initializer() : mirrors.back());
+      on_host.push_back(v->is_constant() ? &v->initializer() : (m != mirror.end() ? &m->second : nullptr));
     }
-    std::vector<Tensor> outs, host_outs;
+    std::vector<Tensor> outs, host_outs;  // host_outs: what the host computed (CPU kernels, Shape/Size)
+    bool on_device = true;
     Tensor meta;
     if (shape_from_metadata(node, opset, inputs, &meta)) {
       outs.push_back(to_device(meta, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
       host_outs.push_back(std::move(meta));
-      if (stats) ++stats->on_device[node.op_type];
-      record_outputs(node, outs, host_outs);
-      release_inputs(index);
-      continue;
-    }
-    const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, consts);
-    bool on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
-    if (on_device) {
-      try {
-        outs = run_planned_node(plan, node, inputs, rt);
-      } catch (const Error& e) {
-        // A library that declines this problem (NOT_SUPPORTED): the CPU kernel takes it.
-        if (e.kind() != ErrorKind::Unsupported) throw;
-        log.note(node.op_type, e.what());
-        on_device = false;
-      }
     } else {
-      log.note(node.op_type, plan.reason);
+      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, on_host);
+      on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
+      if (on_device) {
+        try {
+          outs = run_planned_node(plan, node, inputs, rt);
+        } catch (const Error& e) {
+          // A library that declines this problem (NOT_SUPPORTED): the CPU kernel takes it.
+          if (e.kind() != ErrorKind::Unsupported) throw;
+          log.note(node.op_type, e.what());
+          on_device = false;
+        }
+      } else {
+        log.note(node.op_type, plan.reason);
+      }
+      if (!on_device) outs = run_on_cpu(node, opset, inputs, on_host, rt, &host_outs);
     }
-    if (!on_device) outs = run_on_cpu(node, opset, inputs, mirrors, rt, &host_outs);
     if (stats) ++(on_device ? stats->on_device : stats->on_cpu)[node.op_type];
+    // The outputs become live values (with host mirrors of the small integer ones); the inputs'
+    // buffers go back to the allocator after their last reader.
+    for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
+      if (const ir::Value* v = node.output(i)) {
+        const Tensor* host = i < host_outs.size() && host_outs[i].defined() ? &host_outs[i] : nullptr;
+        observe(v, host ? *host : outs[i]);
+        if (!last_use.count(v) && !keep.count(v)) continue;
+        if (host && keep_host_mirror(*host)) mirror[v] = *host;
+        dev[v] = std::move(outs[i]);
+      }
     inputs.clear();
-    record_outputs(node, outs, host_outs);
-    release_inputs(index);
+    for (const ir::Value* v : node.inputs())
+      if (v && !keep.count(v) && last_use[v] == index && !v->is_constant()) {
+        dev.erase(v);
+        mirror.erase(v);
+      }
   }
   // Outputs and requested intermediates: one batch of copies, one synchronization.
   std::vector<const ir::Value*> wanted(g.outputs().begin(), g.outputs().end());

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "runtime/shape_rules.h"
 
 namespace mpq::rt::cuda_plan {
 
@@ -95,80 +96,18 @@ NodeLaunch plan_quant(const ir::Node& node, const std::vector<Shape>& shapes, La
 
 // Reshape / Flatten / Squeeze / Unsqueeze: sets *out and returns "", or returns why the node cannot
 // be planned: it needs a value not known at planning time, or the CPU kernel would reject it (the
-// CPU kernel then runs and reports the error in its own words).
+// CPU kernel then runs and reports the error; the rules are shared, runtime/shape_rules.h).
 std::string reshaped_shape(const ir::Node& node, int opset, const Shape& in, const Tensor* second, Shape* out) {
   const std::string& op = node.op_type;
-  const int64_t rank = static_cast<int64_t>(in.size());
-  out->clear();
-  if (op == "Flatten") {
-    const int64_t axis = norm_axis(node.attr_int("axis", 1), in.size());
-    if (axis < 0 || axis > rank) return "Flatten axis out of range";
-    int64_t a = 1, b = 1;
-    for (int64_t i = 0; i < rank; ++i) (i < axis ? a : b) *= in[static_cast<size_t>(i)];
-    *out = {a, b};
-    return "";
-  }
+  if (op == "Flatten") return flatten_shape(in, node.attr_int("axis", 1), out);
   if (op == "Reshape") {
     if (opset >= 5 && !second) return "shape not constant";
-    const std::vector<int64_t> spec = opset < 5 ? node.attr_ints("shape") : ints_of(second);
     const bool allowzero = opset >= 14 && node.attr_int("allowzero", 0) != 0;
-    int64_t known = 1;
-    int infer = -1;
-    out->resize(spec.size());
-    for (size_t i = 0; i < spec.size(); ++i) {
-      const int64_t d = spec[i];
-      if (d == 0 && !allowzero) {
-        if (static_cast<int64_t>(i) >= rank) return "shape copies a dimension the input lacks";
-        (*out)[i] = in[i];
-      } else if (d == -1) {
-        if (infer >= 0) return "shape with two -1";
-        infer = static_cast<int>(i);
-        continue;
-      } else if (d < -1) {
-        return "negative dimension";
-      } else {
-        (*out)[i] = d;
-      }
-      known *= (*out)[i];
-    }
-    if (infer >= 0) {
-      if (known == 0 || shape_numel(in) % known != 0) return "shape does not divide the elements";
-      (*out)[static_cast<size_t>(infer)] = shape_numel(in) / known;
-    }
-    return shape_numel(*out) == shape_numel(in) ? "" : "element count differs";
-  }
-  std::vector<int64_t> axes;
-  if (opset >= 13) {
-    if (second) axes = ints_of(second);
-  } else {
-    axes = node.attr_ints("axes");
+    return reshape_shape(in, opset < 5 ? node.attr_ints("shape") : ints_of(second), allowzero, out);
   }
   if (opset >= 13 && !second && node.num_inputs() > 1 && node.input(1)) return "axes not constant";
-  if (op == "Squeeze") {
-    std::vector<bool> drop(in.size(), false);
-    if (axes.empty())
-      for (size_t i = 0; i < in.size(); ++i) drop[i] = in[i] == 1;
-    for (int64_t a : axes) {
-      const int64_t ax = norm_axis(a, in.size());
-      if (ax < 0 || ax >= rank || in[static_cast<size_t>(ax)] != 1) return "axis out of range or not of size 1";
-      drop[static_cast<size_t>(ax)] = true;
-    }
-    for (size_t i = 0; i < in.size(); ++i)
-      if (!drop[i]) out->push_back(in[i]);
-    return "";
-  }
-  // Unsqueeze
-  if (axes.empty()) return "no axes";
-  const int64_t out_rank = rank + static_cast<int64_t>(axes.size());
-  std::vector<bool> is_new(static_cast<size_t>(out_rank), false);
-  for (int64_t a : axes) {
-    const int64_t ax = norm_axis(a, static_cast<size_t>(out_rank));
-    if (ax < 0 || ax >= out_rank || is_new[static_cast<size_t>(ax)]) return "axis out of range or repeated";
-    is_new[static_cast<size_t>(ax)] = true;
-  }
-  size_t j = 0;
-  for (int64_t i = 0; i < out_rank; ++i) out->push_back(is_new[static_cast<size_t>(i)] ? 1 : in[j++]);
-  return "";
+  const std::vector<int64_t> axes = opset >= 13 ? ints_of(second) : node.attr_ints("axes");
+  return op == "Squeeze" ? squeeze_shape(in, axes, out) : unsqueeze_shape(in, axes, out);
 }
 
 }  // namespace
