@@ -139,7 +139,9 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--json")
     args = ap.parse_args()
+    # PyTorch's OpenMP threads sleep when idle; mpq picks its own short spin (apps/mpq/main.cpp).
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    mpq_env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
     data = prepare_data(sys.executable)
     rows = []
     for short in args.models.split(","):
@@ -161,7 +163,7 @@ def main():
                 out = os.path.join(work, f"{setting}.qat-{loss}.onnx")
                 res = json.loads(run([args.mpq, "qat-finetune", model, "--data", data["train"], "--calib", table,
                                       "--epochs", str(args.epochs), "--batch-size", str(args.batch), "--lr", str(args.lr),
-                                      "--loss", loss, "--threads", str(args.threads), "--json", "-o", out] + flags, env))
+                                      "--loss", loss, "--threads", str(args.threads), "--json", "-o", out] + flags, mpq_env))
                 row[f"qat_{loss}"] = accuracy_ort(out, data["test"])
                 row[f"qat_{loss}_epoch_s"] = res["seconds_per_epoch"]
                 if args.torch_python:

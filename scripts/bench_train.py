@@ -89,7 +89,11 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json")
     args = ap.parse_args()
+    # PyTorch's OpenMP threads sleep when idle (as in earlier runs); bench_train gets the spin count
+    # that `mpq` sets for itself (apps/mpq/main.cpp), since it links the runtime without that main.
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    mpq_env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    mpq_env.setdefault("GOMP_SPINCOUNT", "20000")
     images = os.path.join(ROOT, "calib_data", "eval", "images.npy")
     labels = os.path.join(ROOT, "calib_data", "eval", "labels.npy")
     rows = []
@@ -99,7 +103,7 @@ def main():
             best_m = best_t = None
             for _ in range(args.repeat):
                 m = run_json([args.bench, model, images, labels, "--batch", str(batch), "--steps", str(args.steps),
-                              "--warmup", str(args.warmup), "--threads", str(args.threads), "--amp", args.amp], env)
+                              "--warmup", str(args.warmup), "--threads", str(args.threads), "--amp", args.amp], mpq_env)
                 t = run_json([args.torch_python, "-c", TORCH_SIDE, ROOT, name, str(batch), str(args.steps),
                               str(args.warmup), str(args.threads), args.amp], env)
                 if best_m is None or m["median_step_ms"] < best_m["median_step_ms"]:

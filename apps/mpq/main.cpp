@@ -43,20 +43,24 @@ std::string version_text() {
 
 namespace {
 
-// Idle threads of the three thread sets a run uses (mpq's kernel pool, oneDNN's OpenMP team,
-// OpenBLAS's pthreads) must sleep, not spin: on a 2-core machine a spinning one takes the core the
-// others need. mpq's pool waits on a condition variable; libgomp by default spins after each
-// parallel region and OpenBLAS spins (sched_yield) for 2^28 cycles after each threaded GEMM, which
-// with a GEMM in every run means never sleeping (perf: half the cycles of `mpq run --threads 2` on
-// fashion_mobilenet were sched_yield). Measured on fashion_resnet, 2 threads, loaded 2-core VM:
-// median 9 ms / p90 200 ms with libgomp's default, 0.72 / 0.94 ms with OMP_WAIT_POLICY=PASSIVE; p90
-// 3.2 -> 0.6 ms with OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles). Both libraries read these variables
-// once, when they are loaded (before main), so mpq sets them and runs itself again; values the
-// user set are kept.
-void sleeping_idle_threads(char** argv) {
+// All of a run's threads are one OpenMP team: mpq's kernel pool and oneDNN share it, and OpenBLAS
+// runs on the calling thread (runtime/thread_pool.h). Between two parallel loops the team's idle
+// threads spin for GOMP_SPINCOUNT iterations before they sleep; waking a sleeping one costs about
+// 15 us, more than many of a small model's loops take, while libgomp's default spin (300000
+// iterations, about 10 ms on the 2-core EPYC VM) keeps a core busy long after a run. 20000
+// iterations (about 0.6 ms) bridge the gaps between the nodes of a run and between runs. Measured
+// with scripts/bench_run.py, 2 threads, 20 rows: geometric mean mpq/ONNX Runtime 1.20 with mpq's
+// own pool and everything asleep (OMP_WAIT_POLICY=PASSIVE, the setting before), 1.10 with 20000
+// spins and 1.08 with 200000 (see docs/runtime.md). Earlier, with three thread sets competing for
+// two cores, the default spin made fashion_resnet's p90 200 ms. OPENBLAS_THREAD_TIMEOUT=4 keeps
+// OpenBLAS's idle threads (which the pool's one-thread GEMMs leave unused) from spinning too.
+// libgomp and OpenBLAS read these variables when they are loaded (before main), so mpq sets them
+// and runs itself again; values the user set are kept (OMP_WAIT_POLICY counts as a setting).
+void short_spinning_idle_threads(char** argv) {
   if (std::getenv("MPQ_THREAD_ENV_SET") != nullptr) return;  // already re-run
   bool changed = false;
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) changed |= setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
+    changed |= setenv("GOMP_SPINCOUNT", "20000", 1) == 0;
   if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) changed |= setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0;
   if (!changed || setenv("MPQ_THREAD_ENV_SET", "1", 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the defaults
@@ -66,7 +70,7 @@ void sleeping_idle_threads(char** argv) {
 
 int main(int argc, char** argv) {
   using namespace mpq;
-  sleeping_idle_threads(argv);
+  short_spinning_idle_threads(argv);
   cli::set_command_line(argc, argv);
   CLI::App app{"mpq: convert, quantize, fine-tune (QAT) and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};

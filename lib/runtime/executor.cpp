@@ -1,6 +1,5 @@
 #include "runtime/executor.h"
 
-#include <cblas.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -70,7 +69,6 @@ struct Executor::Impl : SubgraphRunner {
 
   Impl(const ir::Model& m, const ExecOptions& o)
       : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
-    openblas_set_num_threads(pool.size());
     plan_graph(*model.graph);
   }
 

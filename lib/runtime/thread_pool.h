@@ -1,41 +1,35 @@
 #pragma once
-// A small fixed-size thread pool for data-parallel kernels. parallel_for splits [0, n) into
-// contiguous chunks of at least `grain` items; the calling thread takes part.
-#include <atomic>
-#include <condition_variable>
+// The kernel thread pool: data-parallel loops on OpenMP. parallel_for splits [0, n) into contiguous
+// chunks of at least `grain` items; the calling thread takes part.
+//
+// Why OpenMP rather than threads of mpq's own: oneDNN (Debian's build) runs its convolutions on
+// OpenMP, so with a pool of mpq's own there were two sets of worker threads competing for the same
+// cores, and each had to sleep between jobs so as not to starve the other (a futex wake-up, about
+// 15 us, per parallel loop). On one OpenMP team, mpq's loops and oneDNN's primitives use the same
+// threads, which may then spin briefly between jobs (GOMP_SPINCOUNT, set by apps/mpq/main.cpp) as
+// ONNX Runtime's do. OpenBLAS keeps threads of its own, so the executor runs it on one thread and
+// splits large GEMMs over this pool (runtime/cpu/conv_common.h, blas_gemm_rows).
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 namespace mpq::rt {
 
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);  // threads <= 0: one per hardware thread
-  ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const { return threads_; }
+  // Runs fn over [0, n) in chunks on up to size() threads and returns when all are done; the first
+  // exception thrown by a chunk is rethrown here. A call from inside a parallel loop (a kernel
+  // calling another) and a job of one chunk run on the calling thread.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
+  // True on a thread that is running a chunk of a parallel_for (where a nested one runs inline).
+  static bool inside_parallel_loop();
 
  private:
-  void worker_loop();
-
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  int64_t chunk_ = 0;
-  int64_t next_ = 0;
-  int active_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::atomic<bool> in_parallel_{false};
+  int threads_;
 };
 
 int hardware_threads();

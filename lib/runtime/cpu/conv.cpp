@@ -368,7 +368,11 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
           std::memcpy(col + r * len, src, static_cast<size_t>(len) * sizeof(T));
         }
       });
-      blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
+      if (inner) {
+        blas_gemm_split(*inner, false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
+      } else {
+        blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
+      }
       with_epilogue<T>(epi, [&](auto row) {
         for_range(Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
           for (int64_t m = lo; m < hi; ++m) {
@@ -454,8 +458,8 @@ bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
   if (pointwise) {
     run_tasks(pool, tasks, spread, [&](int64_t t) {
       const int64_t n = t / G, gi = t % G;
-      blas_gemm(false, false, Mg, S, Cg, T(1), wp + gi * Mg * Cg, Cg, xp + (n * C + gi * Cg) * Sin, Sin, beta,
-                yp + (n * M + gi * Mg) * S, S);
+      blas_gemm_split(pool, false, false, Mg, S, Cg, T(1), wp + gi * Mg * Cg, Cg, xp + (n * C + gi * Cg) * Sin, Sin,
+                      beta, yp + (n * M + gi * Mg) * S, S);
     });
     return false;
   }
@@ -474,7 +478,7 @@ bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
       const int64_t p1 = std::min(rows, p0 + tile);
       const int64_t cols = (p1 - p0) * g.out[2];
       im2col(pool, xg, Cg, g, p0, p1, col);
-      blas_gemm(false, false, Mg, cols, CgK, T(1), wg, CgK, col, cols, beta, yg + p0 * g.out[2], S);
+      blas_gemm_split(pool, false, false, Mg, cols, CgK, T(1), wg, CgK, col, cols, beta, yg + p0 * g.out[2], S);
     }
   };
   const size_t col_elems = static_cast<size_t>(CgK * tile * g.out[2]);
@@ -782,15 +786,15 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     const T beta = bp ? T(1) : T(0);
     run_tasks(pool, tasks, spread, [&](int64_t t) {
       const int64_t n = t / G, gi = t % G;
-      blas_gemm(true, false, Mg, S, Cg, T(1), wp + gi * Cg * Mg, Mg, xp + (n * C + gi * Cg) * Sin, Sin, beta,
-                yp + (n * M + gi * Mg) * S, S);
+      blas_gemm_split(pool, true, false, Mg, S, Cg, T(1), wp + gi * Cg * Mg, Mg, xp + (n * C + gi * Cg) * Sin, Sin,
+                      beta, yp + (n * M + gi * Mg) * S, S);
     });
     return;
   }
   auto one_task = [&](int64_t t, T* col) {
     const int64_t n = t / G, gi = t % G;
-    blas_gemm(true, false, MgK, Sin, Cg, T(1), wp + gi * Cg * MgK, MgK, xp + (n * C + gi * Cg) * Sin, Sin, T(0), col,
-              Sin);
+    blas_gemm_split(pool, true, false, MgK, Sin, Cg, T(1), wp + gi * Cg * MgK, MgK, xp + (n * C + gi * Cg) * Sin, Sin,
+                    T(0), col, Sin);
     col2im(pool, col, Mg, g, yp + (n * M + gi * Mg) * S);
   };
   const size_t col_elems = static_cast<size_t>(MgK * Sin);

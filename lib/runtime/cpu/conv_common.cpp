@@ -13,10 +13,49 @@ thread_local bool t_deterministic = false;
 // run at speed, and fixed so that the pieces do not depend on the thread count.
 constexpr int64_t kDeterministicRows = 64;
 
+// Pieces of a split GEMM are multiples of this many rows or columns (OpenBLAS's AVX2 kernels work on
+// blocks of 8 or 16), so that no piece ends in a ragged tail of a few.
+constexpr int64_t kSplitAlign = 16;
+
+// OpenBLAS runs on one thread (see ThreadPool): a large GEMM is cut into one piece per pool thread
+// along the longer of M and N, each piece a one-thread GEMM over all of K.
+template <typename T>
+void split_gemm(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const int threads = pool.size();
+  const bool split = threads > 1 && !ThreadPool::inside_parallel_loop() &&
+                     static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > kBlasSingleThreadMNK &&
+                     std::max(m, n) >= 2 * kSplitAlign;
+  if (!split) {
+    blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t piece = ceil_div(ceil_div(extent, threads), kSplitAlign) * kSplitAlign;
+  const int64_t pieces = ceil_div(extent, piece);
+  pool.parallel_for(pieces, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t e0 = p * piece, len = std::min(piece, extent - e0);
+      if (by_rows) {
+        const T* ap = ta ? a + e0 : a + e0 * lda;
+        blas_gemm(ta, tb, len, n, k, alpha, ap, lda, b, ldb, beta, c + e0 * ldc, ldc);
+      } else {
+        const T* bp = tb ? b + e0 * ldb : b + e0;
+        blas_gemm(ta, tb, m, len, k, alpha, a, lda, bp, ldb, beta, c + e0, ldc);
+      }
+    }
+  });
+}
+
 template <typename T>
 void gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (!t_deterministic || m <= kDeterministicRows) {
+  if (!t_deterministic) {
+    split_gemm(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (m <= kDeterministicRows) {
     blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -50,6 +89,17 @@ void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, in
 void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                     int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   gemm_rows(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (t_deterministic) blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else split_gemm(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                     const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  if (t_deterministic) blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else split_gemm(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 AutoPad read_auto_pad(const KernelContext& ctx) {

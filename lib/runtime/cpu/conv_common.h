@@ -12,9 +12,10 @@
 
 namespace mpq::rt::cpu {
 
-// OpenBLAS runs a GEMM on one thread when M*N*K is at most 65536 * GEMM_MULTITHREAD_THRESHOLD (4)
-// (interface/gemm.c). Independent GEMMs below this size may be spread over the kernel pool without
-// oversubscribing; larger ones are called one at a time and use OpenBLAS's own threads.
+// OpenBLAS always runs on the calling thread (ThreadPool sets it so: its own threads would compete
+// with the pool's). Independent GEMMs of at most this M*N*K are spread over the kernel pool, one per
+// thread; larger ones are called one at a time and split over the pool (blas_gemm_split). The figure
+// is OpenBLAS's own threading threshold, 65536 * GEMM_MULTITHREAD_THRESHOLD (interface/gemm.c).
 inline constexpr double kBlasSingleThreadMNK = 65536.0 * 4.0;
 
 // Deterministic GEMMs, for training: OpenBLAS (0.3.21 here) rounds differently on one thread and
@@ -22,7 +23,7 @@ inline constexpr double kBlasSingleThreadMNK = 65536.0 * 4.0;
 // sum in another order). While a DeterministicBlas scope is alive on the calling thread, OpenBLAS
 // runs on one thread, every kernel spreads its GEMMs over the kernel pool instead, and large GEMMs
 // are cut into row blocks whose size depends only on the shapes (blas_gemm_rows), so the result
-// is the same bits at any thread count. Inference keeps OpenBLAS's own threading.
+// is the same bits at any thread count. Inference splits large GEMMs by thread count instead.
 bool deterministic_blas();
 class DeterministicBlas {
  public:
@@ -55,12 +56,20 @@ inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// C = alpha * op(A) * op(B) + beta * C like blas_gemm; under DeterministicBlas the rows of C are cut
-// into fixed blocks computed on the kernel pool (one-thread GEMMs), otherwise one call.
+// C = alpha * op(A) * op(B) + beta * C like blas_gemm, on the kernel pool: under DeterministicBlas
+// the rows of C are cut into fixed blocks (one-thread GEMMs), otherwise as blas_gemm_split.
 void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 void blas_gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                     int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+// C = alpha * op(A) * op(B) + beta * C like blas_gemm; above kBlasSingleThreadMNK and outside a
+// parallel loop, cut along the longer of M and N into one piece per pool thread. Under
+// DeterministicBlas one call on the calling thread (its summation order is then fixed).
+void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                     int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
 // floor(a / b) for b > 0 and any sign of a.
 inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }

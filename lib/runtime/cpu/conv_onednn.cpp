@@ -329,13 +329,15 @@ bool mpq_is_faster(const DnnlConvShape& s) {
   return macs < kMinDenseMacs;
 }
 
-// Every OpenMP parallel region costs a wake-up of the other threads: measured about 15 us each on
-// the 2-core machine (with OMP_WAIT_POLICY=PASSIVE, see apps/mpq/main.cpp), and a convolution here is
-// four regions (three reorders and the convolution). A second thread pays only from a few million
-// multiply-adds on (tests/bench_conv: 8x16x28x28 3x3 860 -> 650 us on two threads, while every
-// convolution of the MobileNets at batch 1 took 60-70 us longer than on one), so smaller ones run
-// on the calling thread alone. The result is the same either way (direct kernels, see header).
-constexpr double kMacsPerThread = 4e6;
+// A second thread pays only from some size on: oneDNN splits the work and joins at a barrier, and a
+// convolution here is four parallel regions (three reorders and the convolution). While idle threads
+// slept between regions (a futex wake-up, about 15 us each) the break-even was about 4M
+// multiply-adds; with mpq's loops and oneDNN on one OpenMP team whose threads spin briefly between
+// jobs (runtime/thread_pool.h), 0.3M measured best of 4M, 1M and 0.3M (scripts/bench_run.py, 2
+// threads, geometric mean mpq/ONNX Runtime over 20 rows: 1.05, 1.06, 0.98, two rounds each).
+// Smaller convolutions run on the calling thread alone. The result is the same either way (direct
+// kernels, see header).
+constexpr double kMacsPerThread = 3e5;
 
 int team_size(const DnnlConvShape& s, int threads) {
   // OnednnUse::Always (tests) uses every thread, so that one and two threads are really compared.

@@ -185,8 +185,8 @@ void matmul_kernel(KernelContext& ctx) {
         return;
       }
       auto one = [&](int64_t t) {
-        blas_gemm(false, false, M, N, K, T(1), ap + aoff[static_cast<size_t>(t)], K, bp + boff[static_cast<size_t>(t)], N,
-                  T(0), yp + t * M * N, N);
+        blas_gemm_split(ctx.pool(), false, false, M, N, K, T(1), ap + aoff[static_cast<size_t>(t)], K,
+                        bp + boff[static_cast<size_t>(t)], N, T(0), yp + t * M * N, N);
       };
       if (blas_runs_single_threaded(M, N, K) && nb > 1) {
         ctx.pool().parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {

@@ -1,0 +1,169 @@
+// The kernel thread pool (OpenMP) and the GEMMs split over it: every index of a loop runs exactly
+// once at 1-4 threads, chunks respect the grain, a nested loop runs inline on the calling thread,
+// the first exception of a chunk reaches the caller and the pool stays usable; blas_gemm_split and
+// blas_gemm_rows against a naive float64 product for odd shapes, both transposes, splits along M
+// and along N, at 1-3 threads, and the same bits as one unsplit GEMM on each piece.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <atomic>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/cpu/conv_common.h"
+#include "runtime/thread_pool.h"
+
+using namespace mpq;
+
+TEST_CASE("parallel_for covers every index once, in chunks of at least the grain", "[thread_pool]") {
+  for (int threads : {1, 2, 3, 4}) {
+    rt::ThreadPool pool(threads);
+    REQUIRE(pool.size() == threads);
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1001}}) {
+      for (int64_t grain : {int64_t{1}, int64_t{5}, int64_t{300}}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        // Catch2's assertions are not thread-safe: chunks count what they see, the test checks after.
+        std::atomic<int> short_chunks{0}, empty_chunks{0};
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+          if (b >= e) ++empty_chunks;
+          if (e - b < grain && e != n) ++short_chunks;  // only the last chunk may be short
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        });
+        for (int64_t i = 0; i < n; ++i) REQUIRE(hits[static_cast<size_t>(i)].load() == 1);
+        REQUIRE(short_chunks.load() == 0);
+        REQUIRE(empty_chunks.load() == 0);
+      }
+    }
+    pool.parallel_for(0, 1, [&](int64_t, int64_t) { FAIL("an empty loop runs nothing"); });
+  }
+}
+
+TEST_CASE("parallel_for runs on a team of the pool's size, and a nested loop runs inline", "[thread_pool]") {
+  rt::ThreadPool pool(2);
+  REQUIRE_FALSE(rt::ThreadPool::inside_parallel_loop());
+  std::atomic<int> wrong_team{0}, outside{0}, nested_off_thread{0}, nested_items{0};
+  pool.parallel_for(64, 1, [&](int64_t, int64_t) {
+    if (omp_get_num_threads() != 2) ++wrong_team;
+    if (!rt::ThreadPool::inside_parallel_loop()) ++outside;
+    const int me = omp_get_thread_num();
+    pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+      if (omp_get_thread_num() != me || omp_get_num_threads() != 2) ++nested_off_thread;
+      nested_items += static_cast<int>(e - b);
+    });
+  });
+  REQUIRE(wrong_team.load() == 0);
+  REQUIRE(outside.load() == 0);
+  REQUIRE(nested_off_thread.load() == 0);
+  REQUIRE(nested_items.load() == 8 * 8);  // 8 outer chunks, each ran its nested loop whole
+  REQUIRE_FALSE(rt::ThreadPool::inside_parallel_loop());
+  // A loop of a single chunk never starts a team.
+  pool.parallel_for(3, 10, [&](int64_t b, int64_t e) {
+    if (omp_in_parallel() || b != 0 || e != 3) ++wrong_team;
+  });
+  REQUIRE(wrong_team.load() == 0);
+}
+
+TEST_CASE("an exception in a chunk reaches the caller and the pool stays usable", "[thread_pool]") {
+  for (int threads : {1, 3}) {
+    rt::ThreadPool pool(threads);
+    REQUIRE_THROWS_WITH(pool.parallel_for(100, 1,
+                                          [&](int64_t b, int64_t e) {
+                                            if (b <= 42 && 42 < e) throw std::runtime_error("chunk 42 failed");
+                                          }),
+                        "chunk 42 failed");
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    REQUIRE(sum.load() == 4950);
+    REQUIRE_FALSE(rt::ThreadPool::inside_parallel_loop());
+  }
+}
+
+namespace {
+
+// C = alpha * op(A) * op(B) + beta * C0 in float64, row-major with leading dimensions.
+std::vector<double> naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                               const std::vector<float>& a, int64_t lda, const std::vector<float>& b, int64_t ldb,
+                               float beta, const std::vector<float>& c0, int64_t ldc) {
+  std::vector<double> c(c0.begin(), c0.end());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[static_cast<size_t>(p * lda + i)] : a[static_cast<size_t>(i * lda + p)];
+        const double bv = tb ? b[static_cast<size_t>(j * ldb + p)] : b[static_cast<size_t>(p * ldb + j)];
+        s += av * bv;
+      }
+      double& out = c[static_cast<size_t>(i * ldc + j)];
+      out = alpha * s + beta * out;
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("GEMMs split over the pool match a float64 product at any thread count", "[thread_pool][gemm]") {
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  struct Case {
+    int64_t m, n, k;
+  };
+  // Above the split threshold (M*N*K > 262144): long M (split by rows), long N (by columns), a
+  // square one with ragged pieces; and one below it (never split).
+  const Case cases[] = {{301, 37, 41}, {19, 517, 45}, {97, 101, 103}, {13, 11, 7}};
+  for (const Case& cs : cases) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool ta = (variant & 1) != 0, tb = (variant & 2) != 0;
+      const int64_t lda = (ta ? cs.m : cs.k) + 3, ldb = (tb ? cs.k : cs.n) + 2, ldc = cs.n + 5;
+      std::vector<float> a(static_cast<size_t>((ta ? cs.k : cs.m) * lda)), b(static_cast<size_t>((tb ? cs.n : cs.k) * ldb)),
+          c0(static_cast<size_t>(cs.m * ldc));
+      for (float& v : a) v = u(rng);
+      for (float& v : b) v = u(rng);
+      for (float& v : c0) v = u(rng);
+      const float alpha = 0.75f, beta = variant == 3 ? 0.f : 0.5f;
+      const std::vector<double> want = naive_gemm(ta, tb, cs.m, cs.n, cs.k, alpha, a, lda, b, ldb, beta, c0, ldc);
+      for (int threads : {1, 2, 3}) {
+        rt::ThreadPool pool(threads);
+        for (int rows_api = 0; rows_api < 2; ++rows_api) {
+          std::vector<float> c = c0;
+          if (rows_api)
+            rt::cpu::blas_gemm_rows(pool, ta, tb, cs.m, cs.n, cs.k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          else
+            rt::cpu::blas_gemm_split(pool, ta, tb, cs.m, cs.n, cs.k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                                     ldc);
+          INFO("m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " ta=" << ta << " tb=" << tb << " threads=" << threads);
+          double worst = 0;
+          for (int64_t i = 0; i < cs.m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(i * ldc + j);
+              // Padding columns past N are never written.
+              if (j >= cs.n) REQUIRE(c[at] == c0[at]);
+              else worst = std::max(worst, std::abs(c[at] - want[at]));
+            }
+          REQUIRE(worst < 1e-4 * static_cast<double>(cs.k));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a GEMM split inside a parallel loop runs as one call on that thread", "[thread_pool][gemm]") {
+  // Same bits as a direct one-thread GEMM: the split is skipped, not run with other pieces.
+  const int64_t m = 64, n = 96, k = 80;
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (float& v : a) v = u(rng);
+  for (float& v : b) v = u(rng);
+  std::vector<float> direct(static_cast<size_t>(m * n)), nested(static_cast<size_t>(m * n));
+  rt::cpu::blas_gemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, direct.data(), n);
+  rt::ThreadPool pool(2);
+  pool.parallel_for(2, 1, [&](int64_t lo, int64_t) {
+    if (lo == 0)
+      rt::cpu::blas_gemm_split(pool, false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nested.data(), n);
+  });
+  REQUIRE(nested == direct);
+}
