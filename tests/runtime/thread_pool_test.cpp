@@ -158,9 +158,10 @@ TEST_CASE("a GEMM split inside a parallel loop runs as one call on that thread",
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (float& v : a) v = u(rng);
   for (float& v : b) v = u(rng);
+  // The pool first: it puts OpenBLAS on the calling thread (threaded, OpenBLAS rounds differently).
+  rt::ThreadPool pool(2);
   std::vector<float> direct(static_cast<size_t>(m * n)), nested(static_cast<size_t>(m * n));
   rt::cpu::blas_gemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, direct.data(), n);
-  rt::ThreadPool pool(2);
   pool.parallel_for(2, 1, [&](int64_t lo, int64_t) {
     if (lo == 0)
       rt::cpu::blas_gemm_split(pool, false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nested.data(), n);

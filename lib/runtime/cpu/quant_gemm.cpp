@@ -1,17 +1,16 @@
 // Integer matrix products: MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv.
 //
 // The int32 accumulators are exact: operands are centred (q - zero_point, integers of at most 9
-// bits) and multiplied with cblas_sgemm in chunks along K short enough that every partial sum
+// bits) and multiplied with sgemm (blas_gemm_split) in chunks along K short enough that every partial sum
 // stays within 2^24, where float32 holds integers exactly (see exact_gemm); chunk results are
 // added in int32. Requantization then follows ONNX Runtime:
 // y = saturate(round_half_to_even(float(acc + bias) * (in_scale * w_scale / out_scale)) + y_zp),
 // bit for bit with calib::requantize_ref.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdlib>
 
 #include "runtime/cpu/common.h"
+#include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/quant_internal.h"
 
 namespace mpq::rt::cpu::quant {
@@ -28,8 +27,8 @@ int32_t wrap_add(int32_t a, int32_t b) {
 // A float32 sum of integers is exact while every partial sum is at most 2^24 in magnitude,
 // whatever the order or blocking of the additions (FMA included), so K is cut into chunks of at
 // most 2^24 / (amax * bmax) terms; each chunk's float result converts exactly to int32.
-void exact_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                int64_t amax, int64_t bmax, int32_t* C, int64_t ldc, std::vector<float>& scratch) {
+void exact_gemm(ThreadPool& pool, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                int64_t ldb, int64_t amax, int64_t bmax, int32_t* C, int64_t ldc, std::vector<float>& scratch) {
   if (M == 0 || N == 0) return;
   for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0);
   if (K == 0 || amax == 0 || bmax == 0) return;
@@ -38,9 +37,7 @@ void exact_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
   float* t = scratch.data();
   for (int64_t k0 = 0; k0 < K; k0 += chunk) {
     const int64_t kk = std::min(chunk, K - k0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(kk), 1.0f, A + k0, static_cast<int>(lda), B + k0 * ldb, static_cast<int>(ldb), 0.0f,
-                t, static_cast<int>(N));
+    blas_gemm_split(pool, false, false, M, N, kk, 1.0f, A + k0, lda, B + k0 * ldb, ldb, 0.0f, t, N);
     for (int64_t i = 0; i < M; ++i) {
       int32_t* c = C + i * ldc;
       const float* ti = t + i * N;
@@ -176,12 +173,12 @@ MatMulPlan plan_matmul(const KernelContext& ctx, const Shape& a_in, const Shape&
 }
 
 // Exact integer products of centred operands: acc[batch][M][N].
-std::vector<int32_t> int_matmul(const MatMulPlan& p, const Centered& a, const Centered& b) {
+std::vector<int32_t> int_matmul(ThreadPool& pool, const MatMulPlan& p, const Centered& a, const Centered& b) {
   const int64_t nb = static_cast<int64_t>(p.a_off.size());
   std::vector<int32_t> c(static_cast<size_t>(nb * p.M * p.N));
   std::vector<float> scratch;
   for (int64_t i = 0; i < nb; ++i)
-    exact_gemm(p.M, p.N, p.K, a.v.data() + p.a_off[static_cast<size_t>(i)], p.K, b.v.data() + p.b_off[static_cast<size_t>(i)],
+    exact_gemm(pool, p.M, p.N, p.K, a.v.data() + p.a_off[static_cast<size_t>(i)], p.K, b.v.data() + p.b_off[static_cast<size_t>(i)],
                p.N, a.max_abs, b.max_abs, c.data() + i * p.M * p.N, p.N, scratch);
   return c;
 }
@@ -204,7 +201,7 @@ void matmul_integer(KernelContext& ctx) {
   Shape azs = azp ? a_param_shape(a, *azp) : Shape{};
   Centered ad = centered(ctx, ctx.pool(), a, azp, azp ? &azs : nullptr, "A");
   Centered bd = centered(ctx, ctx.pool(), b, bzp, nullptr, "B");
-  std::vector<int32_t> acc = int_matmul(p, ad, bd);
+  std::vector<int32_t> acc = int_matmul(ctx.pool(), p, ad, bd);
   Tensor& y = ctx.alloc_output(0, DType::Int32, p.out);
   std::copy(acc.begin(), acc.end(), y.data<int32_t>());
 }
@@ -249,7 +246,7 @@ void qlinear_matmul(KernelContext& ctx) {
   Shape azs = azp ? a_param_shape(a, *azp) : Shape{};
   Centered ad = centered(ctx, ctx.pool(), a, azp, azp ? &azs : nullptr, "a");
   Centered bd = centered(ctx, ctx.pool(), b, bzp, nullptr, "b");
-  std::vector<int32_t> acc = int_matmul(p, ad, bd);
+  std::vector<int32_t> acc = int_matmul(ctx.pool(), p, ad, bd);
   // Output multipliers, (a_scale * b_scale) / y_scale in float as ONNX Runtime computes them.
   std::vector<float> mult(as.size() * bs.size());
   for (size_t i = 0; i < as.size(); ++i)
@@ -421,7 +418,7 @@ void int_conv(KernelContext& ctx, const ConvGeom& g, const Tensor& x, int32_t x_
           using T = typename decltype(tag)::type;
           im2col<T>(ctx.pool(), g, x.data<T>(), x_zp, n, gr * g.Cg, col.data());
         });
-        exact_gemm(g.Mg, P, Kc, wd.data() + gr * g.Mg * Kc, Kc, col.data(), P, wmax, xmax, out.data(), P, scratch);
+        exact_gemm(ctx.pool(), g.Mg, P, Kc, wd.data() + gr * g.Mg * Kc, Kc, col.data(), P, wmax, xmax, out.data(), P, scratch);
       }
       sink(n, gr * g.Mg, out.data());
     }

@@ -2,8 +2,6 @@
 // clip; sequence_lens; initial states; LSTM peepholes and input_forget; GRU linear_before_reset;
 // layout 0 [seq, batch, ...] and 1 [batch, seq, ...]). Input projections for all time steps are
 // one GEMM per direction; each step adds the recurrent product with a second GEMM.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -12,6 +10,7 @@
 #include <type_traits>
 
 #include "runtime/cpu/common.h"
+#include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/register_all.h"
 
 namespace mpq::rt::cpu {
@@ -97,23 +96,17 @@ std::vector<Activation> parse_activations(const KernelContext& ctx, CellKind cel
   return out;
 }
 
+// OpenBLAS runs on the calling thread; large products are split over the kernel pool.
 template <typename T>
-void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T beta,
-          T* C, int64_t ldc) {
+void gemm(ThreadPool& pool, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : C[i * ldc + j] * beta;
     return;
   }
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0f,
-                A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), 1.0,
-                A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
-  }
+  blas_gemm_split(pool, false, trans_b, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
 }
 
 struct RnnConfig {
@@ -226,7 +219,7 @@ void run_direction(KernelContext& ctx, const RnnConfig& c, int d, bool reverse, 
 
   // Input projections of every step: XW[row] = X[row] W^T + bias, rows in X's storage order.
   std::vector<T> XW(static_cast<size_t>(S * B * GH));
-  gemm<T>(true, S * B, GH, I, X, I, W, I, T(0), XW.data(), GH);
+  gemm<T>(ctx.pool(), true, S * B, GH, I, X, I, W, I, T(0), XW.data(), GH);
   // GRU without linear_before_reset adds Rb_h inside the activation; with it, inside r * (...).
   std::vector<T> bias(static_cast<size_t>(GH), T(0));
   std::vector<T> rb_h(static_cast<size_t>(H), T(0));
@@ -277,10 +270,10 @@ void run_direction(KernelContext& ctx, const RnnConfig& c, int d, bool reverse, 
     }
     if (c.cell == CellKind::GRU) {
       // z and r: add H R_zr^T.
-      gemm<T>(true, B, 2 * H, H, Hs.data(), H, R, H, T(1), gates.data(), GH);
-      if (c.linear_before_reset) gemm<T>(true, B, H, H, Hs.data(), H, R + 2 * H * H, H, T(0), hr.data(), H);
+      gemm<T>(ctx.pool(), true, B, 2 * H, H, Hs.data(), H, R, H, T(1), gates.data(), GH);
+      if (c.linear_before_reset) gemm<T>(ctx.pool(), true, B, H, H, Hs.data(), H, R + 2 * H * H, H, T(0), hr.data(), H);
     } else {
-      gemm<T>(true, B, GH, H, Hs.data(), H, R, H, T(1), gates.data(), GH);
+      gemm<T>(ctx.pool(), true, B, GH, H, Hs.data(), H, R, H, T(1), gates.data(), GH);
     }
     if (c.cell == CellKind::GRU && !c.linear_before_reset) {
       // h gate needs (r * H) R_h^T: compute r first.
@@ -292,7 +285,7 @@ void run_direction(KernelContext& ctx, const RnnConfig& c, int d, bool reverse, 
           tmp[static_cast<size_t>(b * H + j)] = r * Hs[static_cast<size_t>(b * H + j)];
         }
       }
-      gemm<T>(true, B, H, H, tmp.data(), H, R + 2 * H * H, H, T(0), hr.data(), H);
+      gemm<T>(ctx.pool(), true, B, H, H, tmp.data(), H, R + 2 * H * H, H, T(0), hr.data(), H);
     }
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = c.lens[static_cast<size_t>(b)];
