@@ -3,9 +3,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <limits>
+#include <string>
 
 #include "cli.h"
 #include "core/error.h"
@@ -43,24 +48,81 @@ std::string version_text() {
 
 namespace {
 
+// Threads of this process that are running or waiting for a core (OpenBLAS starts its threads
+// when it is loaded, and they spin for a while).
+int own_running_threads() {
+  int running = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');  // the name in parentheses may hold spaces
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'R') ++running;
+  }
+  return std::max(running, 1);
+}
+
+// Threads of other processes running or waiting for a core right now (procs_running in /proc/stat
+// less this process's); -1 where /proc/stat cannot be read.
+int other_running_threads() {
+  std::ifstream stat("/proc/stat");
+  std::string key;
+  while (stat >> key) {
+    if (key == "procs_running") {
+      int running = 0;
+      if (!(stat >> running)) return -1;
+      return std::max(running - own_running_threads(), 0);
+    }
+    stat.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return -1;
+}
+
+// Whether other processes keep more than a quarter of the cores busy. A quiet machine answers at
+// once. Otherwise it looks every 2 ms for up to 100 ms: 5 looks in a row (10 ms) with few enough
+// other threads count as quiet, since threads that spin for a while after their own work (ONNX
+// Runtime's spin for about 45 ms after a run, which is when a benchmark starts mpq) are not load.
+bool machine_busy() {
+  const long cores = std::max(sysconf(_SC_NPROCESSORS_ONLN), 1L);
+  int quiet_looks = 0;
+  for (int look = 0; look < 50; ++look) {
+    const int others = other_running_threads();
+    if (others < 0) return true;
+    if (4L * others <= cores) {
+      if (look == 0 || ++quiet_looks == 5) return false;
+    } else {
+      quiet_looks = 0;
+    }
+    usleep(2000);
+  }
+  return true;
+}
+
 // All of a run's threads are one OpenMP team: mpq's kernel pool and oneDNN share it, and OpenBLAS
-// runs on the calling thread (runtime/thread_pool.h). Between two parallel loops the team's idle
-// threads spin for GOMP_SPINCOUNT iterations before they sleep; waking a sleeping one costs about
-// 15 us, more than many of a small model's loops take, while libgomp's default spin (300000
-// iterations, about 10 ms on the 2-core EPYC VM) keeps a core busy long after a run. 20000
-// iterations (about 0.6 ms) bridge the gaps between the nodes of a run and between runs. Measured
-// with scripts/bench_run.py, 2 threads, 20 rows: geometric mean mpq/ONNX Runtime 1.20 with mpq's
-// own pool and everything asleep (OMP_WAIT_POLICY=PASSIVE, the setting before), 1.10 with 20000
-// spins and 1.08 with 200000 (see docs/runtime.md). Earlier, with three thread sets competing for
-// two cores, the default spin made fashion_resnet's p90 200 ms. OPENBLAS_THREAD_TIMEOUT=4 keeps
-// OpenBLAS's idle threads (which the pool's one-thread GEMMs leave unused) from spinning too.
-// libgomp and OpenBLAS read these variables when they are loaded (before main), so mpq sets them
-// and runs itself again; values the user set are kept (OMP_WAIT_POLICY counts as a setting).
-void short_spinning_idle_threads(char** argv) {
+// runs on the calling thread (runtime/thread_pool.h). How the team's idle threads wait between two
+// parallel loops depends on whether the machine is busy (machine_busy):
+// - quiet: they spin for GOMP_SPINCOUNT=20000 iterations (about 0.6 ms on the 2-core EPYC VM)
+//   before they sleep, as ONNX Runtime's do. Waking a sleeping thread costs about 15 us, more than
+//   many of a small model's loops take; libgomp's default (300000 iterations, about 10 ms) would
+//   keep a core busy long after a run. scripts/bench_run.py, 2 threads, 20 rows, quiet: geometric
+//   mean mpq/ONNX Runtime 1.19-1.26 with mpq's own pool and threads asleep (the setting before),
+//   0.98-1.00 with this (docs/runtime.md).
+// - busy: they sleep at once (OMP_WAIT_POLICY=PASSIVE), since a spinning thread takes the core the
+//   thread it waits for needs: mobilenetv3 at batch 8 on 2 threads beside a 2-job build had a p90
+//   of 9-26 ms spinning and 1.2-6.4 ms asleep.
+// OPENBLAS_THREAD_TIMEOUT=4 keeps OpenBLAS's idle threads (unused: its GEMMs run on the calling
+// thread) from spinning. libgomp and OpenBLAS read these variables when they are loaded (before
+// main), so mpq sets them and runs itself again; values the user set are kept (OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT set: mpq sets neither). MPQ_IDLE_THREADS says what was chosen (spin or sleep).
+void choose_idle_thread_policy(char** argv) {
   if (std::getenv("MPQ_THREAD_ENV_SET") != nullptr) return;  // already re-run
   bool changed = false;
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
-    changed |= setenv("GOMP_SPINCOUNT", "20000", 1) == 0;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+    const bool busy = machine_busy();
+    changed |= setenv(busy ? "OMP_WAIT_POLICY" : "GOMP_SPINCOUNT", busy ? "PASSIVE" : "20000", 1) == 0;
+    setenv("MPQ_IDLE_THREADS", busy ? "sleep" : "spin", 1);
+  }
   if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) changed |= setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0;
   if (!changed || setenv("MPQ_THREAD_ENV_SET", "1", 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the defaults
@@ -70,7 +132,7 @@ void short_spinning_idle_threads(char** argv) {
 
 int main(int argc, char** argv) {
   using namespace mpq;
-  short_spinning_idle_threads(argv);
+  choose_idle_thread_policy(argv);
   cli::set_command_line(argc, argv);
   CLI::App app{"mpq: convert, quantize, fine-tune (QAT) and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};

@@ -330,21 +330,27 @@ bool mpq_is_faster(const DnnlConvShape& s) {
 }
 
 // A second thread pays only from some size on: oneDNN splits the work and joins at a barrier, and a
-// convolution here is four parallel regions (three reorders and the convolution). While idle threads
-// slept between regions (a futex wake-up, about 15 us each) the break-even was about 4M
-// multiply-adds; with mpq's loops and oneDNN on one OpenMP team whose threads spin briefly between
-// jobs (runtime/thread_pool.h), 0.3M measured best of 4M, 1M and 0.3M (scripts/bench_run.py, 2
-// threads, geometric mean mpq/ONNX Runtime over 20 rows: 1.05, 1.06, 0.98, two rounds each).
-// Smaller convolutions run on the calling thread alone. The result is the same either way (direct
-// kernels, see header).
-constexpr double kMacsPerThread = 3e5;
+// convolution here is four parallel regions (three reorders and the convolution). Where idle threads
+// sleep between regions (OMP_WAIT_POLICY=PASSIVE, which `mpq` sets on a busy machine; a futex
+// wake-up, about 15 us, per region, and a wait for a core at each barrier) the break-even is about
+// 4M multiply-adds; where they spin briefly (a quiet machine, apps/mpq/main.cpp), 0.3M measured best
+// of 4M, 1M and 0.3M (scripts/bench_run.py, 2 threads, geometric mean mpq/ONNX Runtime over 20 rows:
+// 1.05, 1.06, 0.98, two rounds each). Smaller convolutions run on the calling thread alone. The
+// result is the same either way (direct kernels, see header).
+double macs_per_thread() {
+  static const double macs = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    return policy != nullptr && (std::string(policy) == "PASSIVE" || std::string(policy) == "passive") ? 4e6 : 3e5;
+  }();
+  return macs;
+}
 
 int team_size(const DnnlConvShape& s, int threads) {
   // OnednnUse::Always (tests) uses every thread, so that one and two threads are really compared.
   if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return std::max(threads, 1);
   const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
                       static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
-  return static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, static_cast<double>(std::max(threads, 1))));
+  return static_cast<int>(std::clamp(macs / macs_per_thread(), 1.0, static_cast<double>(std::max(threads, 1))));
 }
 
 namespace {
