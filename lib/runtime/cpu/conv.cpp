@@ -368,11 +368,8 @@ void conv_phase_planes(ThreadPool& pool, const T* xp, const T* wp, const T* bp, 
           std::memcpy(col + r * len, src, static_cast<size_t>(len) * sizeof(T));
         }
       });
-      if (inner) {
-        blas_gemm_split(*inner, false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
-      } else {
-        blas_gemm(false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
-      }
+      // Inside the spread loop (inner null) this is one call on this thread.
+      blas_gemm_split(pool, false, false, Mg, len, CgK, T(1), wg, CgK, col, len, T(0), out, len);
       with_epilogue<T>(epi, [&](auto row) {
         for_range(Mg, std::max<int64_t>(1, 32768 / len), [&](int64_t lo, int64_t hi) {
           for (int64_t m = lo; m < hi; ++m) {
