@@ -68,9 +68,19 @@ bool cpu_has_avx2() {
 }
 #endif
 
+// Elements per chunk of a parallel loop: 16384 for ops of a few cycles per element; 2048 for the
+// transcendental ones (kCostly: an exp, erf or log per element, 1-4 ns here), whose tensors in
+// small transformers (16-64 tokens x 64-256 channels) would otherwise fit one or two chunks and
+// leave the second thread idle.
+template <typename Op>
+constexpr int64_t elems_per_chunk() {
+  if constexpr (requires { Op::kCostly; }) return Op::kCostly ? 2048 : 16384;
+  else return 16384;
+}
+
 template <typename TI, typename TO, typename F>
-void map_elems(ThreadPool& pool, const TI* in, TO* out, int64_t n, const F& f) {
-  pool.parallel_for(n, 16384, [&](int64_t lo, int64_t hi) {
+void map_elems(ThreadPool& pool, const TI* in, TO* out, int64_t n, const F& f, int64_t grain = 16384) {
+  pool.parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (cpu_has_avx2()) return map_range_avx2(in, out, lo, hi, f);
 #endif
@@ -100,6 +110,7 @@ struct LeakyRelu {
 
 struct Elu {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   float alpha;
   explicit Elu(const KernelContext& c) : alpha(c.node().attr_float("alpha", 1.0f)) {}
   template <typename T>
@@ -111,6 +122,7 @@ struct Elu {
 
 struct Selu {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   float alpha, gamma;
   explicit Selu(const KernelContext& c)
       : alpha(c.node().attr_float("alpha", 1.67326319217681884765625f)),
@@ -125,6 +137,7 @@ struct Selu {
 
 struct Celu {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   float alpha;
   explicit Celu(const KernelContext& c) : alpha(c.node().attr_float("alpha", 1.0f)) {
     if (alpha == 0.0f) c.fail("Celu alpha must not be 0");
@@ -147,6 +160,7 @@ struct ThresholdedRelu {
 
 struct Sigmoid {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Sigmoid(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -182,6 +196,7 @@ struct HardSwish {
 
 struct Tanh {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Tanh(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -192,6 +207,7 @@ struct Tanh {
 
 struct Erf {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Erf(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -203,6 +219,7 @@ struct Erf {
 // Gelu with approximate="none": 0.5 x (1 + erf(x / sqrt 2)).
 struct GeluErf {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit GeluErf(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -215,6 +232,7 @@ struct GeluErf {
 // negative x.
 struct GeluTanh {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit GeluTanh(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -237,6 +255,7 @@ T softplus(T x) {
 
 struct Softplus {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Softplus(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const { return softplus(x); }
@@ -244,6 +263,7 @@ struct Softplus {
 
 struct Mish {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Mish(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -261,6 +281,7 @@ struct Softsign {
 
 struct Exp {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Exp(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -271,6 +292,7 @@ struct Exp {
 
 struct Log {
   static constexpr Types kTypes = Types::Float;
+  static constexpr bool kCostly = true;
   explicit Log(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -418,7 +440,8 @@ void unary_kernel(KernelContext& ctx) {
   visit_arith(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (type_allowed<Op::kTypes, T>()) {
-      map_elems(ctx.pool(), x.data<T>(), out.data<T>(), x.numel(), [op](T v) { return op.template operator()<T>(v); });
+      map_elems(ctx.pool(), x.data<T>(), out.data<T>(), x.numel(), [op](T v) { return op.template operator()<T>(v); },
+                elems_per_chunk<Op>());
     } else {
       ctx.fail("needs {} input, got {}", types_text(Op::kTypes), dtype_name(x.dtype()));
     }
@@ -545,6 +568,8 @@ void register_unary(OpRegistry& r) {
   r.add_fn("", "Tanh", 1, M, cpu, unary_kernel<Tanh>);
   r.add_fn("", "Erf", 9, M, cpu, unary_kernel<Erf>);
   r.add_fn("", "Gelu", 20, M, cpu, gelu_kernel);
+  // The written-out erf GELU of older exports, fused by passes/fuse_gelu for `mpq run`.
+  r.add_fn("mpq", "Gelu", 1, 1, cpu, gelu_kernel);
   r.add_fn("", "Mish", 18, M, cpu, unary_kernel<Mish>);
   r.add_fn("", "Softplus", 1, M, cpu, unary_kernel<Softplus>);
   r.add_fn("", "Softsign", 1, M, cpu, unary_kernel<Softsign>);
