@@ -52,7 +52,9 @@ bool scalar_const_near(const Value* v, double target, double tol) {
 
 // ReduceMean(x) -> Sub(x, mean) -> Pow(d, 2) | Mul(d, d) -> ReduceMean -> Add(eps) -> Sqrt -> Div(d, std)
 // [-> Mul(gamma) -> Add(beta)]
-bool match_layernorm(Node* sub, PatternMatch& m) {
+}  // namespace
+
+bool match_written_layernorm(Node* sub, PatternMatch& m) {
   if (sub->op_type != "Sub" || !sub->domain.empty()) return false;
   Value* x = sub->input(0);
   Node* mean = producer_op(sub->input(1), "ReduceMean");
@@ -91,7 +93,7 @@ bool match_layernorm(Node* sub, PatternMatch& m) {
 }
 
 // Div(x, sqrt2) | Mul(x, 1/sqrt2) -> Erf -> Add(1) -> Mul(x or 0.5x, .) [-> Mul(0.5)]
-bool match_gelu_erf(Node* erf, PatternMatch& m) {
+bool match_written_gelu_erf(Node* erf, PatternMatch& m) {
   if (erf->op_type != "Erf" || !erf->domain.empty()) return false;
   Node* scale = producer_op(erf->input(0), "Div");
   if (!scale) scale = producer_op(erf->input(0), "Mul");
@@ -119,6 +121,20 @@ bool match_gelu_erf(Node* erf, PatternMatch& m) {
   }
   return true;
 }
+
+bool match_is_self_contained(const ir::Model& model, const PatternMatch& m) {
+  std::set<const Node*> inside(m.nodes.begin(), m.nodes.end());
+  for (const Node* n : m.nodes)
+    for (const Value* v : n->outputs()) {
+      if (!v || v == m.output) continue;
+      if (v->is_graph_output() || consumer_count(model, v) != v->uses().size()) return false;
+      for (const ir::Use& u : v->uses())
+        if (!inside.count(u.node)) return false;
+    }
+  return true;
+}
+
+namespace {
 
 // Pow(x,3) -> Mul(c) -> Add(x, .) -> Mul(c) -> Tanh -> Add(1) -> Mul(x|0.5x, .) [-> Mul(0.5)]
 bool match_gelu_tanh(Node* tanh, PatternMatch& m) {
@@ -183,7 +199,7 @@ std::vector<PatternMatch> find_fragile_patterns(const ir::Graph& graph) {
     } else if (n->op_type == "Gelu") {
       m = PatternMatch{PatternKind::Gelu, {n}, n->input(0), n->output(0)};
       accept(m);
-    } else if (match_layernorm(n, m) || match_gelu_erf(n, m) || match_gelu_tanh(n, m)) {
+    } else if (match_written_layernorm(n, m) || match_written_gelu_erf(n, m) || match_gelu_tanh(n, m)) {
       accept(m);
     }
   }

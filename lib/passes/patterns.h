@@ -21,6 +21,16 @@ struct PatternMatch {
   ir::Value* output = nullptr;   // its final output
 };
 
+// The written-out forms, recognised at one anchor node (LayerNorm: its Sub; GELU: its Erf). The
+// recognisers check the structure only (which constants are scalars, which values feed which
+// node), not whether an intermediate is also read elsewhere; fusion passes check that themselves.
+bool match_written_layernorm(ir::Node* sub, PatternMatch& m);
+bool match_written_gelu_erf(ir::Node* erf, PatternMatch& m);
+
+// True when every value produced inside `m`, except its final output, is read only by nodes of
+// `m` (no other node, no subgraph, not a graph output): the nodes can then be replaced by one.
+bool match_is_self_contained(const ir::Model& model, const PatternMatch& m);
+
 // All matches in the top-level graph (a node belongs to at most one match).
 std::vector<PatternMatch> find_fragile_patterns(const ir::Graph& graph);
 

@@ -370,6 +370,8 @@ void register_norm(OpRegistry& r) {
   const int M = kMaxOpset;
   r.add_fn("", "BatchNormalization", 1, M, cpu, batchnorm_kernel);
   r.add_fn("", "LayerNormalization", 17, M, cpu, layernorm_kernel);
+  // The written-out LayerNorm of older exports, fused by passes/fuse_layer_norm for `mpq run`.
+  r.add_fn("mpq", "LayerNormalization", 1, 1, cpu, layernorm_kernel);
   r.add_fn("", "InstanceNormalization", 1, M, cpu, instancenorm_kernel);
   r.add_fn("", "GroupNormalization", 18, M, cpu, groupnorm_kernel);
   r.add_fn("", "LpNormalization", 1, M, cpu, lpnorm_kernel);
