@@ -20,6 +20,7 @@
 #include "passes/fuse_conv_bn.h"
 #include "passes/fuse_gelu.h"
 #include "passes/fuse_layer_norm.h"
+#include "passes/fuse_matmul_bias.h"
 #include "passes/pass.h"
 #include "runtime/devices.h"
 #include "runtime/executor.h"
@@ -97,14 +98,15 @@ int run_command(const RunOpts& o) {
     passes::FuseConvActivation fuse_act;
     passes::FuseLayerNorm fuse_ln;
     passes::FuseGelu fuse_gelu;
+    passes::FuseMatMulBias fuse_matmul_bias;
     // FusedConv (Conv + residual Add + activation) is a CPU kernel; the CUDA path runs Conv through
     // cuDNN and the Add/activation bodies, so it keeps the nodes apart.
     // Tensors between oneDNN convolutions stay in its channel-blocked layout (no reorders).
     std::optional<passes::BlockConvLayout> block_layout;
     std::vector<passes::Pass*> pipeline = {&fold, &fuse_bn};
     if (backend == rt::BackendKind::CPU) {
-      // mpq::FusedConv, mpq::LayerNormalization and mpq::Gelu are CPU kernels.
-      pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu});
+      // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels.
+      pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias});
       if (const int64_t block = rt::cpu_conv_channel_block(); block > 0) pipeline.push_back(&block_layout.emplace(block));
     }
     for (passes::Pass* pass : pipeline)
@@ -212,7 +214,7 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
                "before it, a residual Add and activation after a Conv run in its epilogue, and written-out "
-               "LayerNorm and GELU run as one node each)");
+               "LayerNorm and GELU run as one node each, and a MatMul's bias Add runs in its GEMM)");
   sub.add_flag("--profile", o->profile,
                "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");

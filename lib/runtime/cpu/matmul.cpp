@@ -211,12 +211,55 @@ void matmul_kernel(KernelContext& ctx) {
   });
 }
 
+// ---------------------------------------------------------------- mpq::MatMulBias
+
+// Y = MatMul(A, B) + bias for a 2-D B [K, N] and a bias of N values (or one), from
+// passes/fuse_matmul_bias in `mpq run`. Y starts as the bias rows and the GEMM accumulates onto it
+// (beta = 1): OpenBLAS then skips its pass that zeroes C, and the Add's pass is gone too. With K
+// inside one of OpenBLAS's blocks the sum is rounded once and then added to the bias, as before.
+void matmul_bias_kernel(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  const Tensor& bias = ctx.input(2);
+  if (a.dtype() != DType::Float32 || b.dtype() != DType::Float32 || bias.dtype() != DType::Float32)
+    ctx.fail("needs float32 A, B and bias, got {}, {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()),
+             dtype_name(bias.dtype()));
+  if (a.rank() == 0 || b.rank() != 2)
+    ctx.fail("needs A of rank >= 1 and a 2-D B, got {} and {}", shape_str(a.shape()), shape_str(b.shape()));
+  const int64_t K = a.dim(-1), N = b.dim(1);
+  if (b.dim(0) != K)
+    ctx.fail("A {} and B {} have different inner dimensions {} and {}", shape_str(a.shape()), shape_str(b.shape()), K,
+             b.dim(0));
+  if (bias.numel() != N && bias.numel() != 1)
+    ctx.fail("bias {} must have {} values (one per column) or one", shape_str(bias.shape()), N);
+  Shape yshape(a.shape().begin(), a.shape().end() - 1);
+  yshape.push_back(N);
+  Tensor& y = ctx.alloc_output(0, DType::Float32, yshape);
+  const int64_t M = K > 0 ? a.numel() / K : shape_numel(Shape(a.shape().begin(), a.shape().end() - 1));
+  if (M == 0 || N == 0) return;
+  float* yp = y.data<float>();
+  const float* bp = bias.data<float>();
+  const bool per_column = bias.numel() == N;
+  ctx.pool().parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float* yrow = yp + i * N;
+      if (per_column)
+        std::copy(bp, bp + N, yrow);
+      else
+        std::fill(yrow, yrow + N, bp[0]);
+    }
+  });
+  if (K == 0) return;
+  blas_gemm_rows(ctx.pool(), false, false, M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 1.0f, yp, N);
+}
+
 }  // namespace
 
 void register_matmul(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
   r.add_fn("", "Gemm", 1, kMaxOpset, cpu, gemm_kernel);
   r.add_fn("", "MatMul", 1, kMaxOpset, cpu, matmul_kernel);
+  r.add_fn("mpq", "MatMulBias", 1, 1, cpu, matmul_bias_kernel);
 }
 
 }  // namespace mpq::rt::cpu
