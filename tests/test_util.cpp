@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ir/onnx_io.h"
+#include "ir/onnx_tools.h"
 #include "runtime/executor.h"
 
 namespace mpq::test {
@@ -75,6 +76,30 @@ Tensor random_tensor(const Shape& shape, uint32_t seed, float lo, float hi) {
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
   return t;
+}
+
+ir::Model load_test_model(const std::string& name) {
+  ir::Model m = ir::load_model((source_dir() / "tests/models" / name).string());
+  ir::infer_shapes(m);
+  return m;
+}
+
+rt::Feeds random_feeds(const ir::Model& m, uint32_t seed) {
+  rt::Feeds feeds;
+  for (const ir::Value* in : m.graph->required_inputs()) {
+    Shape s;
+    for (const auto& d : in->type.dims) s.push_back(d.known() ? d.value : 2);
+    if (in->type.elem == DType::Int64) {
+      Tensor t(DType::Int64, s);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.data<int64_t>()[i] = in->name() == "attention_mask" ? 1 : static_cast<int64_t>((i * 7 + seed) % 50);
+      feeds[in->name()] = t;
+    } else {
+      feeds[in->name()] = random_tensor(s, seed);
+    }
+    ++seed;
+  }
+  return feeds;
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -51,6 +51,12 @@ void write_model(const ir::Model& m, const fs::path& path);
 int count_ops(const ir::Graph& g, const std::string& op);
 int count_ops(const ir::Model& m, const std::string& op);
 
+// tests/models/<name> (a path below that folder), with shapes inferred.
+ir::Model load_test_model(const std::string& name);
+// Seeded random feeds for the model's required inputs: float32 uniform in [-1, 1), int64 token ids
+// below 50 (an input named attention_mask all ones); dimensions not fixed by the model become 2.
+rt::Feeds random_feeds(const ir::Model& m, uint32_t seed);
+
 // Runs a whole model once on a default executor.
 std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds);
 

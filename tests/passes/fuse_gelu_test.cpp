@@ -123,12 +123,8 @@ TEST_CASE("fuse_gelu leaves guarded patterns alone", "[passes][fuse]") {
 TEST_CASE("fuse_gelu on the exported transformers keeps their outputs", "[passes][fuse][models]") {
   for (const char* name : {"transformer_op13.onnx", "fashion/fashion_vit.onnx"}) {
     INFO(name);
-    Model m = load_model((test::source_dir() / "tests/models" / name).string());
-    infer_shapes(m);
-    const Value* in = m.graph->inputs()[0];
-    Shape s;
-    for (const auto& d : in->type.dims) s.push_back(d.known() ? d.value : 2);
-    rt::Feeds feeds{{in->name(), test::random_tensor(s, 6)}};
+    Model m = test::load_test_model(name);
+    rt::Feeds feeds = test::random_feeds(m, 6);
     auto before = test::run_model(m, feeds);
     passes::FuseGelu pass;
     const passes::PassStats st = passes::run_pass(pass, m);

@@ -148,23 +148,8 @@ TEST_CASE("mpq::MatMulBias refuses a bias of the wrong length, naming the node",
 TEST_CASE("fuse_matmul_bias on the exported transformers keeps their outputs", "[passes][fuse][models]") {
   for (const char* name : {"transformer_op13.onnx", "fashion/fashion_vit.onnx", "tiny_bert.onnx"}) {
     INFO(name);
-    Model m = load_model((test::source_dir() / "tests/models" / name).string());
-    infer_shapes(m);
-    rt::Feeds feeds;
-    uint32_t seed = 7;
-    for (const Value* in : m.graph->required_inputs()) {
-      Shape s;
-      for (const auto& d : in->type.dims) s.push_back(d.known() ? d.value : 2);
-      if (in->type.elem == DType::Int64) {
-        Tensor t(DType::Int64, s);
-        // token ids in range; an attention mask of ones
-        for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = in->name() == "attention_mask" ? 1 : (i * 7 + seed) % 50;
-        feeds[in->name()] = t;
-      } else {
-        feeds[in->name()] = test::random_tensor(s, seed);
-      }
-      ++seed;
-    }
+    Model m = test::load_test_model(name);
+    rt::Feeds feeds = test::random_feeds(m, 7);
     auto before = test::run_model(m, feeds);
     passes::FuseMatMulBias pass;
     const passes::PassStats st = passes::run_pass(pass, m);
