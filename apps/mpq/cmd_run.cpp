@@ -213,7 +213,7 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
-               "before it, a residual Add and activation after a Conv run in its epilogue, and written-out "
+               "before it, a residual Add and activation after a Conv run in its epilogue, written-out "
                "LayerNorm and GELU run as one node each, and a MatMul's bias Add runs in its GEMM)");
   sub.add_flag("--profile", o->profile,
                "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
