@@ -10,12 +10,6 @@ namespace mpq::passes {
 
 namespace {
 
-// A float32 scalar constant within 1e-6 of `target`.
-bool scalar_near(const ir::Value* v, double target) {
-  const Tensor* t = constant_value(v);
-  return t && t->dtype() == DType::Float32 && t->numel() == 1 && std::fabs(t->get_double(0) - target) <= 1e-6;
-}
-
 bool fusable(const ir::Model& model, const ir::Node& erf, PatternMatch& m) {
   if (!erf.domain.empty() || !match_written_gelu_erf(const_cast<ir::Node*>(&erf), m)) return false;
   const ir::Value* x = m.input;
@@ -24,8 +18,7 @@ bool fusable(const ir::Model& model, const ir::Node& erf, PatternMatch& m) {
     if (n->num_outputs() != 1) return false;
   // The recogniser checks Add(1) and the 0.5 factor; the scaling before Erf must be 1/sqrt 2.
   const ir::Node& scale = *m.nodes[0];
-  const bool ok = scale.op_type == "Div" ? scalar_near(scale.input(1), std::sqrt(2.0))
-                                         : scalar_near(scale.input(1), std::sqrt(0.5));
+  const bool ok = scalar_const_near(scale.input(1), scale.op_type == "Div" ? std::sqrt(2.0) : std::sqrt(0.5), 1e-6);
   if (!ok) return false;
   // Without the 0.5 factor it is x * (1 + erf(x / sqrt 2)), twice GELU: not this op.
   if (m.nodes.size() < 5) return false;

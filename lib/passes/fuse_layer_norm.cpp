@@ -36,8 +36,6 @@ bool row_parameter(const ir::Value* v) {
   return t && t->dtype() == DType::Float32 && t->rank() <= 1 && t->numel() > 0;
 }
 
-const ir::Value* other_input(const ir::Node* n, const ir::Value* v) { return n->input(0) == v ? n->input(1) : n->input(0); }
-
 bool fusable(const ir::Model& model, const ir::Node& sub, PatternMatch& m) {
   if (!sub.domain.empty() || !match_written_layernorm(const_cast<ir::Node*>(&sub), m)) return false;
   if (m.nodes.size() <= kGamma) return false;  // no affine part: the fused op needs gamma
@@ -74,8 +72,8 @@ void FuseLayerNorm::apply(ir::Model& model, ir::Node& node, PassStats& stats) {
   const ir::Node* add_eps = m.nodes[kAddEps];
   const ir::Value* var = m.nodes[kVar]->output(0);
   const float eps = constant_value(other_input(add_eps, var))->data<float>()[0];
-  std::vector<ir::Value*> inputs = {m.input, const_cast<ir::Value*>(other_input(m.nodes[kGamma], m.nodes[kDiv]->output(0)))};
-  if (m.nodes.size() > kBeta) inputs.push_back(const_cast<ir::Value*>(other_input(m.nodes[kBeta], m.nodes[kGamma]->output(0))));
+  std::vector<ir::Value*> inputs = {m.input, other_input(m.nodes[kGamma], m.nodes[kDiv]->output(0))};
+  if (m.nodes.size() > kBeta) inputs.push_back(other_input(m.nodes[kBeta], m.nodes[kGamma]->output(0)));
   ir::Value* out = m.output;
   const std::string name = m.nodes[kMean]->name.empty() ? std::string() : m.nodes[kMean]->name + "_fused";
   const std::string what = m.nodes[kMean]->label();

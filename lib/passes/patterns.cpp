@@ -41,7 +41,8 @@ Node* single_consumer_op(const Value* v, const char* op) {
 
 bool is_const(const Value* v) { return constant_value(v) != nullptr; }
 
-// The other input of a binary node.
+}  // namespace
+
 Value* other_input(const Node* n, const Value* v) { return n->input(0) == v ? n->input(1) : n->input(0); }
 
 bool scalar_const_near(const Value* v, double target, double tol) {
@@ -52,8 +53,6 @@ bool scalar_const_near(const Value* v, double target, double tol) {
 
 // ReduceMean(x) -> Sub(x, mean) -> Pow(d, 2) | Mul(d, d) -> ReduceMean -> Add(eps) -> Sqrt -> Div(d, std)
 // [-> Mul(gamma) -> Add(beta)]
-}  // namespace
-
 bool match_written_layernorm(Node* sub, PatternMatch& m) {
   if (sub->op_type != "Sub" || !sub->domain.empty()) return false;
   Value* x = sub->input(0);

@@ -21,6 +21,11 @@ struct PatternMatch {
   ir::Value* output = nullptr;   // its final output
 };
 
+// The other input of a binary node.
+ir::Value* other_input(const ir::Node* n, const ir::Value* v);
+// `v` is a floating-point constant of one element within `tol` of `target`.
+bool scalar_const_near(const ir::Value* v, double target, double tol);
+
 // The written-out forms, recognised at one anchor node (LayerNorm: its Sub; GELU: its Erf). The
 // recognisers check the structure only (which constants are scalars, which values feed which
 // node), not whether an intermediate is also read elsewhere; fusion passes check that themselves.
