@@ -189,7 +189,7 @@ void matmul_kernel(KernelContext& ctx) {
                         bp + boff[static_cast<size_t>(t)], N, T(0), yp + t * M * N, N);
       };
       if (blas_runs_single_threaded(M, N, K) && nb > 1) {
-        ctx.pool().parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
+        ctx.pool().parallel_for(nb, independent_gemm_grain(M, N, K), [&](int64_t lo, int64_t hi) {
           for (int64_t t = lo; t < hi; ++t) one(t);
         });
       } else {

@@ -111,7 +111,7 @@ void batched_grad_gemm(rt::ThreadPool& pool, int64_t nb, bool shared_dst, const 
   if (!shared_dst) {
     auto run = [&](int64_t t) { one(t, dst + dst_entry[static_cast<size_t>(t)] * dst_stride, T(0)); };
     if (rt::cpu::blas_runs_single_threaded(m, n, k) && nb > 1) {
-      pool.parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
+      pool.parallel_for(nb, rt::cpu::independent_gemm_grain(m, n, k), [&](int64_t lo, int64_t hi) {
         for (int64_t t = lo; t < hi; ++t) run(t);
       });
     } else {
