@@ -55,6 +55,11 @@ struct LaunchCtx {
                  const LaunchCtx& c);                                                                               \
   int softmax_grad(bool log, const float* y, const float* dy, float* dx, int64_t outer, int64_t n, int64_t inner,  \
                    const LaunchCtx& c);                                                                             \
+  /* mean, inv_std: the forward's per-row outputs; gamma: n values; dgamma/dbeta may be null */                   \
+  int layer_norm_grad_x(const float* x, const float* mean, const float* inv_std, const float* gamma,               \
+                        const float* dy, float* dx, int64_t rows, int64_t n, const LaunchCtx& c);                 \
+  int layer_norm_grad_params(const float* x, const float* mean, const float* inv_std, const float* dy,            \
+                             float* dgamma, float* dbeta, int64_t rows, int64_t n, const LaunchCtx& c);           \
   int sum_to_shape(const Broadcast2& bc, const int64_t* in_dims, const float* dy, float* din, int64_t in_n,         \
                    const LaunchCtx& c);                                                                             \
   int unscale(float inv_scale, float* g, int64_t n, int* found_inf, const LaunchCtx& c);                          \

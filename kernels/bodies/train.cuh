@@ -1,5 +1,6 @@
 #pragma once
-// Training bodies: the backward of the elementwise unary ops and of (Log)Softmax, the reduction of
+// Training bodies: the backward of the elementwise unary ops, of (Log)Softmax and of
+// LayerNormalization, the reduction of
 // a broadcast gradient back to an input's shape, GradScaler's unscale with its non-finite check,
 // and the SGD and AdamW parameter updates. One thread per element (per row for softmax, per input
 // element for the reduction), grid-stride loops, no atomics: each output element has exactly one
@@ -69,6 +70,62 @@ struct SoftmaxGradBody {
         const int64_t i = base + k * inner;
         dx[i] = log ? dy[i] - expf(y[i]) * sf : y[i] * (dy[i] - sf);
       }
+    }
+  }
+};
+
+// LayerNormalization backward over `rows` rows of n values, from X, the Mean and InvStdDev the
+// forward body wrote (LayerNormBody's optional outputs) and the scale (n values; a smaller
+// broadcast scale is expanded by the caller). One thread per row:
+//   xhat = (x - mean) inv, dxhat = dY scale,  dX = inv (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+// the two row means summed in double (lib/train/grads/norm_grad.cpp computes the same in float).
+struct LayerNormGradXBody {
+  const float* x;
+  const float* mean;
+  const float* inv_std;
+  const float* gamma;
+  const float* dy;
+  float* dx;
+  int64_t rows, n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t r = t.global(); r < rows; r += t.stride()) {
+      const float* xr = x + r * n;
+      const float* gr = dy + r * n;
+      const float m = mean[r], inv = inv_std[r];
+      double s1 = 0.0, s2 = 0.0;
+      for (int64_t k = 0; k < n; ++k) {
+        const double d = static_cast<double>(gr[k]) * gamma[k];
+        s1 += d;
+        s2 += d * ((xr[k] - m) * inv);
+      }
+      const float m1 = static_cast<float>(s1 / static_cast<double>(n)), m2 = static_cast<float>(s2 / static_cast<double>(n));
+      for (int64_t k = 0; k < n; ++k) dx[r * n + k] = inv * (gr[k] * gamma[k] - m1 - ((xr[k] - m) * inv) * m2);
+    }
+  }
+};
+
+// LayerNormalization's parameter gradients over the normalised shape: dScale[k] = sum over rows of
+// dY xhat, dBias[k] = sum over rows of dY. One thread per column k, rows summed in order in double,
+// so every output has one writer and the result does not depend on the launch. Either output may
+// be null.
+struct LayerNormGradParamsBody {
+  const float* x;
+  const float* mean;
+  const float* inv_std;
+  const float* dy;
+  float* dgamma;
+  float* dbeta;
+  int64_t rows, n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t k = t.global(); k < n; k += t.stride()) {
+      double sg = 0.0, sb = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float g = dy[r * n + k];
+        sg += static_cast<double>(g) * ((x[r * n + k] - mean[r]) * inv_std[r]);
+        sb += g;
+      }
+      if (dgamma) dgamma[k] = static_cast<float>(sg);
+      if (dbeta) dbeta[k] = static_cast<float>(sb);
     }
   }
 };

@@ -216,6 +216,16 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   const int64_t in_dims[3] = {3, 1, 5};
   close_on_both(v, 15, [&](const float* d, float* din, const cuda::LaunchCtx& c) { return cuda::host::sum_to_shape(bc, in_dims, d, din, 15, c); },
                 [&](const float* d, float* din, const cuda::LaunchCtx& c) { return cuda::gpu::sum_to_shape(bc, in_dims, d, din, 15, c); });
+  // LayerNorm backward over 15 rows of 7, from the host forward body's Mean and InvStdDev.
+  const std::vector<float> gam = rnd(7, 67);
+  std::vector<float> lny(105), lnm(15), lni(15);
+  REQUIRE(cuda::host::layer_norm(v.data(), gam.data(), nullptr, lny.data(), lnm.data(), lni.data(), 15, 7, 1e-5f,
+                                 cuda::LaunchCtx{cuda::LaunchShape{1, 32}}) == 0);
+  DeviceBuf<float> dgam(gam), dlnm(lnm), dlni(lni);
+  close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::layer_norm_grad_x(in, lnm.data(), lni.data(), gam.data(), dyv.data(), dx, 15, 7, c); },
+                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_x(in, dlnm.get(), dlni.get(), dgam.get(), ddy.get(), dx, 15, 7, c); });
+  close_on_both(v, 7, [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::host::layer_norm_grad_params(in, lnm.data(), lni.data(), dyv.data(), ds, nullptr, 15, 7, c); },
+                [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_params(in, dlnm.get(), dlni.get(), ddy.get(), ds, nullptr, 15, 7, c); });
   // AdamW: one step of the weights in place from zero moments.
   cuda::AdamWStep st;
   st.step_size = 0.01f;

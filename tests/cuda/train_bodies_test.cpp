@@ -95,6 +95,67 @@ TEST_CASE("softmax backward bodies match the CPU backward kernels on every axis"
   }
 }
 
+TEST_CASE("LayerNorm backward bodies match the CPU backward kernel", "[cuda][host_bodies][train]") {
+  // The forward body's Mean and InvStdDev feed the backward bodies, as a GPU runner would save
+  // them; dX, dScale and dBias against lib/train/grads/norm_grad.cpp's LayerNormalization.
+  struct Case {
+    Shape x;
+    int64_t axis;
+  };
+  for (const Case& c : {Case{{7, 13}, -1}, Case{{2, 3, 5}, 1}, Case{{1, 37}, 1}, Case{{33, 1}, -1}, Case{{2, 3, 4, 5}, 2}}) {
+    const int64_t rank = static_cast<int64_t>(c.x.size()), axis = c.axis < 0 ? c.axis + rank : c.axis;
+    INFO("x " << shape_str(c.x) << " axis " << c.axis);
+    const Shape norm(c.x.begin() + axis, c.x.end());
+    const int64_t n = shape_numel(norm), rows = shape_numel(c.x) / n;
+    const Tensor x = test::random_tensor(c.x, 41, -2, 3), scale = test::random_tensor(norm, 42, 0.5f, 1.5f),
+                 bias = test::random_tensor(norm, 43), dy = test::random_tensor(c.x, 44);
+    const float eps = 1e-5f;
+    std::vector<float> mean(static_cast<size_t>(rows)), inv(static_cast<size_t>(rows)), y(static_cast<size_t>(x.numel()));
+    REQUIRE(cuda::host::layer_norm(x.data<float>(), scale.data<float>(), bias.data<float>(), y.data(), mean.data(), inv.data(),
+                                   rows, n, eps, test::launches_for(rows).front()) == 0);
+
+    ir::Model model;
+    model.set_opset("", 17);
+    ir::Graph* g = model.graph.get();
+    ir::Node* node = g->add_node("LayerNormalization", {g->add_value("x"), g->add_value("scale"), g->add_value("bias")},
+                                 {g->add_value("y")}, "node_under_test");
+    node->set_attr(ir::Attribute::make_int("axis", c.axis));
+    node->set_attr(ir::Attribute::make_float("epsilon", eps));
+    const train::GradDef* def = train::GradRegistry::global().find("", "LayerNormalization", 17, rt::BackendKind::CPU);
+    REQUIRE(def);
+    rt::ThreadPool pool(1);
+    train::GradContext ctx(*node, 17, pool);
+    ctx.mutable_inputs() = {x, scale, bias};
+    ctx.mutable_input_shapes() = {x.shape(), scale.shape(), bias.shape()};
+    ctx.mutable_input_dtypes() = {DType::Float32, DType::Float32, DType::Float32};
+    ctx.mutable_input_present() = {1, 1, 1};
+    ctx.mutable_wanted() = {1, 1, 1};
+    ctx.mutable_output_shapes() = {x.shape()};
+    ctx.mutable_grad_outputs() = {dy};
+    ctx.mutable_grads().resize(3);
+    def->fn(ctx);
+    const Tensor& want_dx = ctx.mutable_grads().at(0);
+    const Tensor& want_ds = ctx.mutable_grads().at(1);
+    const Tensor& want_db = ctx.mutable_grads().at(2);
+    REQUIRE(want_dx.defined());
+    REQUIRE(want_ds.defined());
+    REQUIRE(want_db.defined());
+
+    test::check_every_launch(want_dx, 1e-4, 1e-5, [&](float* dx, const cuda::LaunchCtx& lc) {
+      return cuda::host::layer_norm_grad_x(x.data<float>(), mean.data(), inv.data(), scale.data<float>(), dy.data<float>(), dx,
+                                           rows, n, lc);
+    });
+    test::check_every_launch(want_ds, 1e-4, 1e-5, [&](float* ds, const cuda::LaunchCtx& lc) {
+      return cuda::host::layer_norm_grad_params(x.data<float>(), mean.data(), inv.data(), dy.data<float>(), ds, nullptr, rows,
+                                                n, lc);
+    });
+    test::check_every_launch(want_db, 1e-5, 1e-6, [&](float* db, const cuda::LaunchCtx& lc) {
+      return cuda::host::layer_norm_grad_params(x.data<float>(), mean.data(), inv.data(), dy.data<float>(), nullptr, db, rows,
+                                                n, lc);
+    });
+  }
+}
+
 TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
   // The gradient of an input that was broadcast in Add/Mul/...: dY summed over the broadcast
   // dimensions, checked against a plain double loop.
