@@ -27,6 +27,9 @@ struct LaunchCtx {
                  int64_t rows, int64_t n, float epsilon, const LaunchCtx& c);                                       \
   int pool2d(bool is_max, bool count_include_pad, const Pool2dGeom& g, const float* x, float* y,                   \
              const LaunchCtx& c);                                                                                   \
+  /* backward: x is read by MaxPool only (may be null for AveragePool) */                                         \
+  int pool2d_grad(bool is_max, bool count_include_pad, const Pool2dGeom& g, const float* x, const float* dy,       \
+                  float* dx, const LaunchCtx& c);                                                                   \
   int resize2d(const Resize2dGeom& g, const float* x, float* y, const LaunchCtx& c);                              \
   int gather(const float* x, const int64_t* indices, float* y, int64_t outer, int64_t axis_len, int64_t inner,     \
              int64_t count, int* bad, const LaunchCtx& c);                                                          \

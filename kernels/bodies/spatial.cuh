@@ -1,6 +1,6 @@
 #pragma once
 // Pooling and resize over the two trailing (spatial) dimensions of an NCHW tensor; one thread per
-// output element. Geometry is resolved on the host (explicit pads, output sizes computed by
+// output element (per input element for pooling's backward). Geometry is resolved on the host (explicit pads, output sizes computed by
 // rt::cpu::pool_output_size / Resize's rules) so the bodies only index.
 #include "kernels/hd.h"
 
@@ -40,6 +40,82 @@ struct Pool2dBody {
         }
       }
       y[i] = is_max ? m : (count > 0 ? static_cast<float>(s / static_cast<double>(count)) : 0.0f);
+    }
+  }
+};
+
+// Backward of Pool2dBody: one thread per input element, which gathers from the output windows
+// that cover it (each tap (ky, kx) of the kernel names at most one such window), so every dX
+// element has one writer and no atomics are needed. MaxPool: dY goes to the window's first
+// maximum in row-major tap order, never the padding (strictly greater replaces, as
+// lib/train/grads/pool_grad.cpp); AveragePool: dY / count, count as the forward divides by.
+struct Pool2dGradBody {
+  bool is_max;
+  bool count_include_pad;
+  Pool2dGeom g;
+  const float* x;  // MaxPool only: the argmax is found again from X
+  const float* dy;
+  float* dx;
+
+  // Flat index (within the plane) of the window's first maximum, -1 when no tap is inside.
+  MPQ_HD int64_t window_argmax(const float* plane, int64_t oy, int64_t ox) const {
+    int64_t at = -1;
+    float best = 0.0f;
+    for (int64_t ky = 0; ky < g.kh; ++ky) {
+      const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
+      if (yy < 0 || yy >= g.ih) continue;
+      for (int64_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t xx = ox * g.sw + kx * g.dw - g.pad_l;
+        if (xx < 0 || xx >= g.iw) continue;
+        const float v = plane[yy * g.iw + xx];
+        if (at < 0 || v > best) {
+          best = v;
+          at = yy * g.iw + xx;
+        }
+      }
+    }
+    return at;
+  }
+
+  MPQ_HD int64_t window_count(int64_t oy, int64_t ox) const {
+    int64_t count = 0;
+    for (int64_t ky = 0; ky < g.kh; ++ky) {
+      const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
+      const bool row = count_include_pad ? yy >= -g.pad_t && yy < g.ih + g.pad_b : yy >= 0 && yy < g.ih;
+      if (!row) continue;
+      for (int64_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t xx = ox * g.sw + kx * g.dw - g.pad_l;
+        if (count_include_pad ? xx >= -g.pad_l && xx < g.iw + g.pad_r : xx >= 0 && xx < g.iw) ++count;
+      }
+    }
+    return count;
+  }
+
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = g.planes * g.ih * g.iw;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t ix = i % g.iw, iy = (i / g.iw) % g.ih, p = i / (g.iw * g.ih);
+      const float* plane = x ? x + p * g.ih * g.iw : nullptr;
+      const float* dplane = dy + p * g.oh * g.ow;
+      double s = 0.0;
+      for (int64_t ky = 0; ky < g.kh; ++ky) {
+        const int64_t ny = iy + g.pad_t - ky * g.dh;  // oy * sh
+        if (ny < 0 || ny % g.sh != 0 || ny / g.sh >= g.oh) continue;
+        const int64_t oy = ny / g.sh;
+        for (int64_t kx = 0; kx < g.kw; ++kx) {
+          const int64_t nx = ix + g.pad_l - kx * g.dw;
+          if (nx < 0 || nx % g.sw != 0 || nx / g.sw >= g.ow) continue;
+          const int64_t ox = nx / g.sw;
+          const float d = dplane[oy * g.ow + ox];
+          if (is_max) {
+            if (window_argmax(plane, oy, ox) == iy * g.iw + ix) s += d;
+          } else {
+            const int64_t count = window_count(oy, ox);
+            if (count > 0) s += static_cast<double>(d) / static_cast<double>(count);
+          }
+        }
+      }
+      dx[i] = static_cast<float>(s);
     }
   }
 };

@@ -89,6 +89,11 @@ TEST_CASE("GPU pooling, resize and data-movement launchers match the host harnes
   for (bool is_max : {true, false})
     same_on_both(x, np, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::pool2d(is_max, true, pg, a, y, c); },
                  [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::pool2d(is_max, true, pg, a, y, c); });
+  const std::vector<float> pdy = rnd(np, 6);
+  DeviceBuf<float> dpdy(pdy);
+  for (bool is_max : {true, false})
+    close_on_both(x, x.size(), [&](const float* a, float* dx, const cuda::LaunchCtx& c) { return cuda::host::pool2d_grad(is_max, true, pg, a, pdy.data(), dx, c); },
+                  [&](const float* a, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::pool2d_grad(is_max, true, pg, a, dpdy.get(), dx, c); });
   cuda::Resize2dGeom rg;
   rg.linear = true;
   rg.planes = 6;

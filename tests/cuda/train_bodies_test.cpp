@@ -156,6 +156,65 @@ TEST_CASE("LayerNorm backward bodies match the CPU backward kernel", "[cuda][hos
   }
 }
 
+TEST_CASE("pooling backward body matches the CPU backward kernels", "[cuda][host_bodies][train]") {
+  // MaxPool and AveragePool: pads on every side (asymmetric too), strides, dilations (MaxPool),
+  // ceil_mode, count_include_pad, the 2x2 stride-2 tiles the CPU has its own kernel for, and ties
+  // (values on a coarse grid), where dY must go to the window's first maximum.
+  struct Case {
+    const char* op;
+    Shape x;
+    std::vector<int64_t> k, s, pads, dil;
+    int ceil_mode, count_include_pad;
+    bool ties;
+  };
+  const Case cases[] = {
+      {"MaxPool", {2, 3, 9, 11}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, 0, 0, false},
+      {"MaxPool", {1, 2, 8, 10}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, 0, 0, false},
+      {"MaxPool", {1, 1, 10, 9}, {3, 2}, {1, 2}, {1, 0, 2, 1}, {2, 1}, 1, 0, false},
+      {"MaxPool", {2, 2, 7, 7}, {3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 0, 0, true},
+      {"AveragePool", {2, 3, 9, 11}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, 1, 0, false},
+      {"AveragePool", {2, 3, 9, 11}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, 1, 1, false},
+      {"AveragePool", {1, 2, 6, 7}, {2, 3}, {1, 2}, {0, 1, 1, 0}, {1, 1}, 0, 1, false},
+  };
+  for (const Case& c : cases) {
+    INFO(c.op << " x " << shape_str(c.x) << " k " << c.k[0] << "x" << c.k[1] << " s " << c.s[0] << "x" << c.s[1] << " dil "
+              << c.dil[0] << "x" << c.dil[1] << " ceil " << c.ceil_mode << " include_pad " << c.count_include_pad);
+    Tensor x = test::random_tensor(c.x, 45, -2, 2);
+    if (c.ties)
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::round(x.data<float>()[i]);
+    std::vector<ir::Attribute> attrs = {ir::Attribute::make_ints("kernel_shape", c.k), ir::Attribute::make_ints("strides", c.s),
+                                        ir::Attribute::make_ints("pads", c.pads), ir::Attribute::make_int("ceil_mode", c.ceil_mode)};
+    const bool is_max = std::string(c.op) == "MaxPool";
+    if (is_max) attrs.push_back(ir::Attribute::make_ints("dilations", c.dil));
+    else attrs.push_back(ir::Attribute::make_int("count_include_pad", c.count_include_pad));
+    const int opset = is_max ? 12 : 19;
+    const Tensor y = test::run_node(c.op, {x}, attrs, 1, opset, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 46);
+    const Tensor want = cpu_backward(c.op, opset, x, y, dy, attrs);
+    REQUIRE(want.defined());
+    cuda::Pool2dGeom g;
+    g.planes = c.x[0] * c.x[1];
+    g.ih = c.x[2];
+    g.iw = c.x[3];
+    g.oh = y.shape()[2];
+    g.ow = y.shape()[3];
+    g.kh = c.k[0];
+    g.kw = c.k[1];
+    g.sh = c.s[0];
+    g.sw = c.s[1];
+    g.dh = c.dil[0];
+    g.dw = c.dil[1];
+    g.pad_t = c.pads[0];
+    g.pad_l = c.pads[1];
+    g.pad_b = c.pads[2];
+    g.pad_r = c.pads[3];
+    test::check_every_launch(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+      return cuda::host::pool2d_grad(is_max, c.count_include_pad != 0, g, is_max ? x.data<float>() : nullptr, dy.data<float>(), dx,
+                                     ctx);
+    });
+  }
+}
+
 TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
   // The gradient of an input that was broadcast in Add/Mul/...: dY summed over the broadcast
   // dimensions, checked against a plain double loop.
