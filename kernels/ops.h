@@ -31,6 +31,7 @@ struct LaunchCtx {
   int pool2d_grad(bool is_max, bool count_include_pad, const Pool2dGeom& g, const float* x, const float* dy,       \
                   float* dx, const LaunchCtx& c);                                                                   \
   int resize2d(const Resize2dGeom& g, const float* x, float* y, const LaunchCtx& c);                              \
+  int resize2d_grad(const Resize2dGeom& g, const float* dy, float* dx, const LaunchCtx& c);                       \
   int gather(const float* x, const int64_t* indices, float* y, int64_t outer, int64_t axis_len, int64_t inner,     \
              int64_t count, int* bad, const LaunchCtx& c);                                                          \
   int strided_copy(const StridedView& v, const float* x, float* y, int64_t n, const LaunchCtx& c);                \

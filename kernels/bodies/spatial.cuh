@@ -147,35 +147,94 @@ MPQ_HD inline int64_t resize_nearest_index(ResizeNearest mode, double xo, int64_
   return k < 0 ? 0 : (k >= in_len ? in_len - 1 : k);
 }
 
+// Along one resized axis, output index j reads in[i0] * w0 + in[i1] * w1: nearest one tap (w1 = 0),
+// linear the two neighbours of the source coordinate clamped into the input, as ONNX Runtime
+// does (i1 = i0 at the last position). i0 never decreases as j grows (every coordinate transform
+// is increasing in j), which the backward uses to find the outputs that read an input.
+struct ResizeTaps {
+  int64_t i0, i1;
+  double w0, w1;
+};
+MPQ_HD inline ResizeTaps resize_axis_taps(const Resize2dGeom& g, bool height, int64_t j) {
+  const int64_t in_len = height ? g.ih : g.iw;
+  const double src = resize_source_coord(g.coord, j, in_len, height ? g.scale_h : g.scale_w);
+  if (!g.linear) {
+    const int64_t k = resize_nearest_index(g.nearest, src, in_len);
+    return {k, k, 1.0, 0.0};
+  }
+  const double c = src < 0 ? 0 : (src > in_len - 1 ? static_cast<double>(in_len - 1) : src);
+  const int64_t i0 = static_cast<int64_t>(floor(c));
+  const double w = c - i0;
+  return {i0, i0 + 1 < in_len ? i0 + 1 : i0, 1 - w, w};
+}
+
 struct Resize2dBody {
   Resize2dGeom g;
   const float* x;
   float* y;
   MPQ_HD void operator()(const Thread& t) const {
-    const bool linear = g.linear;
-    const ResizeCoord coord = g.coord;
-    const ResizeNearest nearest = g.nearest;
     const int64_t planes = g.planes, ih = g.ih, iw = g.iw, oh = g.oh, ow = g.ow;
-    const double scale_h = g.scale_h, scale_w = g.scale_w;
     const int64_t total = planes * oh * ow;
     for (int64_t i = t.global(); i < total; i += t.stride()) {
       const int64_t ox = i % ow, oy = (i / ow) % oh, p = i / (ow * oh);
       const float* plane = x + p * ih * iw;
-      const double sy = resize_source_coord(coord, oy, ih, scale_h);
-      const double sx = resize_source_coord(coord, ox, iw, scale_w);
-      if (!linear) {
-        y[i] = plane[resize_nearest_index(nearest, sy, ih) * iw + resize_nearest_index(nearest, sx, iw)];
+      const ResizeTaps ty = resize_axis_taps(g, true, oy), tx = resize_axis_taps(g, false, ox);
+      if (!g.linear) {
+        y[i] = plane[ty.i0 * iw + tx.i0];
         continue;
       }
-      // Bilinear: the source coordinate clamped into the input, as ONNX Runtime does.
-      const double cy = sy < 0 ? 0 : (sy > ih - 1 ? static_cast<double>(ih - 1) : sy);
-      const double cx = sx < 0 ? 0 : (sx > iw - 1 ? static_cast<double>(iw - 1) : sx);
-      const int64_t y0 = static_cast<int64_t>(floor(cy)), x0 = static_cast<int64_t>(floor(cx));
-      const int64_t y1 = y0 + 1 < ih ? y0 + 1 : y0, x1 = x0 + 1 < iw ? x0 + 1 : x0;
-      const double wy = cy - y0, wx = cx - x0;
-      const double top = plane[y0 * iw + x0] * (1 - wx) + plane[y0 * iw + x1] * wx;
-      const double bot = plane[y1 * iw + x0] * (1 - wx) + plane[y1 * iw + x1] * wx;
-      y[i] = static_cast<float>(top * (1 - wy) + bot * wy);
+      const double top = plane[ty.i0 * iw + tx.i0] * tx.w0 + plane[ty.i0 * iw + tx.i1] * tx.w1;
+      const double bot = plane[ty.i1 * iw + tx.i0] * tx.w0 + plane[ty.i1 * iw + tx.i1] * tx.w1;
+      y[i] = static_cast<float>(top * ty.w0 + bot * ty.w1);
+    }
+  }
+};
+
+// Backward of Resize2dBody with respect to X: the transpose of the interpolation, gathered. One
+// thread per input element; along each axis the outputs that read input position k are a
+// contiguous range, found by binary search on the taps' i0, and dX sums w_y * w_x * dY over
+// them in a fixed order (no atomics). The interpolation is separable, so a tap's weight is the
+// product of its two axes' weights.
+struct Resize2dGradBody {
+  Resize2dGeom g;
+  const float* dy;
+  float* dx;
+
+  // The first output index along the axis whose first tap is at least `target` (out_len if none).
+  MPQ_HD int64_t first_reading(bool height, int64_t target) const {
+    int64_t lo = 0, hi = height ? g.oh : g.ow;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (resize_axis_taps(g, height, mid).i0 < target) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  // The weight with which output j along the axis reads input position k.
+  MPQ_HD double weight(bool height, int64_t j, int64_t k) const {
+    const ResizeTaps t = resize_axis_taps(g, height, j);
+    return (t.i0 == k ? t.w0 : 0.0) + (t.i1 == k ? t.w1 : 0.0);
+  }
+
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = g.planes * g.ih * g.iw;
+    // A linear tap i1 = i0 + 1 also reads the position after i0.
+    const int64_t reach = g.linear ? 1 : 0;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t ix = i % g.iw, iy = (i / g.iw) % g.ih, p = i / (g.iw * g.ih);
+      const float* dplane = dy + p * g.oh * g.ow;
+      const int64_t y0 = first_reading(true, iy - reach), y1 = first_reading(true, iy + 1);
+      const int64_t x0 = first_reading(false, ix - reach), x1 = first_reading(false, ix + 1);
+      double s = 0.0;
+      for (int64_t oy = y0; oy < y1; ++oy) {
+        const double wy = weight(true, oy, iy);
+        if (wy == 0.0) continue;
+        for (int64_t ox = x0; ox < x1; ++ox) {
+          const double wx = weight(false, ox, ix);
+          if (wx != 0.0) s += wy * wx * dplane[oy * g.ow + ox];
+        }
+      }
+      dx[i] = static_cast<float>(s);
     }
   }
 };

@@ -105,6 +105,10 @@ TEST_CASE("GPU pooling, resize and data-movement launchers match the host harnes
   rg.scale_w = 5.0 / 8;
   same_on_both(x, 6 * 13 * 5, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::resize2d(rg, a, y, c); },
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::resize2d(rg, a, y, c); });
+  // Resize backward: dY of the 13x5 output back onto the 9x8 input.
+  const std::vector<float> rdy = rnd(6 * 13 * 5, 7);
+  close_on_both(rdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::resize2d_grad(rg, d, dx, c); },
+                [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::resize2d_grad(rg, d, dx, c); });
   Shape out;
   const cuda::StridedView tv = rt::cuda_plan::make_transpose_view({2, 3, 9, 8}, {3, 1, 0, 2}, &out);
   same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::strided_copy(tv, a, y, 432, c); },

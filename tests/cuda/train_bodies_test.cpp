@@ -48,6 +48,38 @@ Tensor cpu_backward(const std::string& op, int opset, const Tensor& x, const Ten
 }
 
 
+// The gradients of a one-node model's inputs (undefined tensors: absent optional inputs) from the
+// CPU backward kernel, with output 0 and its dY given; `wanted` marks the inputs whose gradient
+// the engine asks for.
+std::vector<Tensor> cpu_backward_inputs(const std::string& op, int opset, const std::vector<Tensor>& inputs, const Tensor& y,
+                                        const Tensor& dy, const std::vector<ir::Attribute>& attrs,
+                                        const std::vector<char>& wanted) {
+  ir::Model model;
+  model.set_opset("", opset);
+  ir::Graph* g = model.graph.get();
+  std::vector<ir::Value*> ins;
+  for (size_t i = 0; i < inputs.size(); ++i) ins.push_back(inputs[i].defined() ? g->add_value("in" + std::to_string(i)) : nullptr);
+  ir::Node* node = g->add_node(op, ins, {g->add_value("y")}, "node_under_test");
+  for (const auto& a : attrs) node->set_attr(a);
+  const train::GradDef* def = train::GradRegistry::global().find("", op, opset, rt::BackendKind::CPU);
+  REQUIRE(def);
+  rt::ThreadPool pool(1);
+  train::GradContext ctx(*node, opset, pool);
+  for (const Tensor& t : inputs) {
+    ctx.mutable_inputs().push_back(t);
+    ctx.mutable_input_shapes().push_back(t.defined() ? t.shape() : Shape{});
+    ctx.mutable_input_dtypes().push_back(t.defined() ? t.dtype() : DType::Undefined);
+    ctx.mutable_input_present().push_back(t.defined() ? 1 : 0);
+  }
+  ctx.mutable_wanted() = wanted;
+  ctx.mutable_outputs() = {y};
+  ctx.mutable_output_shapes() = {y.shape()};
+  ctx.mutable_grad_outputs() = {dy};
+  ctx.mutable_grads().resize(inputs.size());
+  def->fn(ctx);
+  return ctx.mutable_grads();
+}
+
 }  // namespace
 
 TEST_CASE("unary backward bodies match the CPU backward kernels", "[cuda][host_bodies][train]") {
@@ -114,29 +146,12 @@ TEST_CASE("LayerNorm backward bodies match the CPU backward kernel", "[cuda][hos
     REQUIRE(cuda::host::layer_norm(x.data<float>(), scale.data<float>(), bias.data<float>(), y.data(), mean.data(), inv.data(),
                                    rows, n, eps, test::launches_for(rows).front()) == 0);
 
-    ir::Model model;
-    model.set_opset("", 17);
-    ir::Graph* g = model.graph.get();
-    ir::Node* node = g->add_node("LayerNormalization", {g->add_value("x"), g->add_value("scale"), g->add_value("bias")},
-                                 {g->add_value("y")}, "node_under_test");
-    node->set_attr(ir::Attribute::make_int("axis", c.axis));
-    node->set_attr(ir::Attribute::make_float("epsilon", eps));
-    const train::GradDef* def = train::GradRegistry::global().find("", "LayerNormalization", 17, rt::BackendKind::CPU);
-    REQUIRE(def);
-    rt::ThreadPool pool(1);
-    train::GradContext ctx(*node, 17, pool);
-    ctx.mutable_inputs() = {x, scale, bias};
-    ctx.mutable_input_shapes() = {x.shape(), scale.shape(), bias.shape()};
-    ctx.mutable_input_dtypes() = {DType::Float32, DType::Float32, DType::Float32};
-    ctx.mutable_input_present() = {1, 1, 1};
-    ctx.mutable_wanted() = {1, 1, 1};
-    ctx.mutable_output_shapes() = {x.shape()};
-    ctx.mutable_grad_outputs() = {dy};
-    ctx.mutable_grads().resize(3);
-    def->fn(ctx);
-    const Tensor& want_dx = ctx.mutable_grads().at(0);
-    const Tensor& want_ds = ctx.mutable_grads().at(1);
-    const Tensor& want_db = ctx.mutable_grads().at(2);
+    const std::vector<Tensor> want = cpu_backward_inputs("LayerNormalization", 17, {x, scale, bias}, Tensor(DType::Float32, c.x), dy,
+                                                         {ir::Attribute::make_int("axis", c.axis), ir::Attribute::make_float("epsilon", eps)},
+                                                         {1, 1, 1});
+    const Tensor& want_dx = want.at(0);
+    const Tensor& want_ds = want.at(1);
+    const Tensor& want_db = want.at(2);
     REQUIRE(want_dx.defined());
     REQUIRE(want_ds.defined());
     REQUIRE(want_db.defined());
@@ -213,6 +228,49 @@ TEST_CASE("pooling backward body matches the CPU backward kernels", "[cuda][host
                                      ctx);
     });
   }
+}
+
+TEST_CASE("resize backward body matches the CPU backward kernel (nearest and linear)", "[cuda][host_bodies][train]") {
+  // Up and down, unequal axes, every coordinate transform and nearest mode the forward body runs.
+  const Tensor x = test::random_tensor({2, 3, 5, 7}, 47, -2, 2);
+  const std::pair<const char*, cuda::ResizeCoord> coords[] = {{"half_pixel", cuda::ResizeCoord::HalfPixel},
+                                                              {"pytorch_half_pixel", cuda::ResizeCoord::PytorchHalfPixel},
+                                                              {"align_corners", cuda::ResizeCoord::AlignCorners},
+                                                              {"asymmetric", cuda::ResizeCoord::Asymmetric}};
+  const std::pair<const char*, cuda::ResizeNearest> nears[] = {{"round_prefer_floor", cuda::ResizeNearest::RoundPreferFloor},
+                                                               {"round_prefer_ceil", cuda::ResizeNearest::RoundPreferCeil},
+                                                               {"floor", cuda::ResizeNearest::Floor},
+                                                               {"ceil", cuda::ResizeNearest::Ceil}};
+  const std::vector<std::pair<float, float>> scales = {{2.0f, 1.5f}, {0.6f, 0.43f}, {1.0f, 3.0f}, {2.5f, 0.8f}};
+  for (const auto& [sh, sw] : scales)
+    for (const auto& [coord_name, coord] : coords)
+      for (bool linear : {false, true})
+        for (const auto& [near_name, nearest] : nears) {
+          if (linear && nearest != cuda::ResizeNearest::RoundPreferFloor) continue;
+          INFO("scales " << sh << "x" << sw << " " << coord_name << (linear ? " linear" : " nearest ") << (linear ? "" : near_name));
+          const Tensor sc = Tensor::from<float>({4}, {1.0f, 1.0f, sh, sw});
+          const std::vector<ir::Attribute> attrs = {ir::Attribute::make_string("mode", linear ? "linear" : "nearest"),
+                                                    ir::Attribute::make_string("coordinate_transformation_mode", coord_name),
+                                                    ir::Attribute::make_string("nearest_mode", near_name)};
+          const Tensor y = test::run_node("Resize", {x, Tensor(), sc}, attrs, 1, 13, 1).at(0);
+          const Tensor dy = test::random_tensor(y.shape(), 48);
+          const Tensor want = cpu_backward_inputs("Resize", 13, {x, Tensor(), sc}, y, dy, attrs, {1, 0, 0}).at(0);
+          REQUIRE(want.defined());
+          cuda::Resize2dGeom g;
+          g.linear = linear;
+          g.coord = coord;
+          g.nearest = nearest;
+          g.planes = 6;
+          g.ih = 5;
+          g.iw = 7;
+          g.oh = y.dim(2);
+          g.ow = y.dim(3);
+          g.scale_h = sh;
+          g.scale_w = sw;
+          test::check_every_launch(want, 1e-5, 1e-6, [&](float* dx, const cuda::LaunchCtx& ctx) {
+            return cuda::host::resize2d_grad(g, dy.data<float>(), dx, ctx);
+          });
+        }
 }
 
 TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
