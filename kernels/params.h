@@ -52,6 +52,16 @@ struct StridedView {
   int64_t base = 0;
 };
 
+// Slice's backward (SliceGradBody): the input's dimensions and, per dimension, the first input
+// index the slice reads, its step (negative: backwards) and the output extent.
+struct SliceGeom {
+  int rank = 0;
+  int64_t in_dims[kMaxRank] = {};
+  int64_t begin[kMaxRank] = {};
+  int64_t step[kMaxRank] = {};
+  int64_t out_dims[kMaxRank] = {};
+};
+
 struct Pool2dGeom {
   int64_t planes = 1;  // N * C
   int64_t ih = 1, iw = 1, oh = 1, ow = 1;

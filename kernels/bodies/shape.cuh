@@ -1,6 +1,8 @@
 #pragma once
 // Data movement bodies: Gather, Slice, Concat, Transpose. One thread per output element (Concat:
-// per element of one input; the launcher runs one launch per input). Shapes are resolved on the
+// per element of one input; the launcher runs one launch per input). Backward: Gather's and
+// Slice's below; Transpose's is the inverse permutation and Concat's a Slice of dY, both through
+// GatherViewBody (plan_shape.h). Shapes are resolved on the
 // host into the index structs below.
 #include "kernels/hd.h"
 
@@ -62,6 +64,54 @@ struct ConcatPartBody {
     for (int64_t i = t.global(); i < n; i += t.stride()) {
       const int64_t o = i / (part * inner), r = i % (part * inner);
       y[o * total * inner + offset * inner + r] = x[i];
+    }
+  }
+};
+
+// ---- backward bodies: one thread per element of dX, gathering (no atomics)
+
+// Gather's backward: dX [outer, axis_len, inner] gets, for every index k that names its row
+// (negative ones counted from the end, out-of-range ones skipped: the forward flagged them), the
+// dY row k, summed in k order. Each element reads every index: O(count) per element.
+struct GatherGradBody {
+  const int64_t* indices;
+  const float* dy;
+  float* dx;
+  int64_t outer, axis_len, inner, count;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = outer * axis_len * inner;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t j = i % inner, a = (i / inner) % axis_len, o = i / (inner * axis_len);
+      double s = 0.0;
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t idx = indices[k] < 0 ? indices[k] + axis_len : indices[k];
+        if (idx == a) s += dy[(o * count + k) * inner + j];
+      }
+      dx[i] = static_cast<float>(s);
+    }
+  }
+};
+
+// Slice's backward: dX is dY where the slice read the input element and 0 elsewhere.
+struct SliceGradBody {
+  SliceGeom g;
+  const float* dy;
+  float* dx;
+  int64_t n;  // elements of dX
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      int64_t rem = i, out = 0, stride = 1;
+      bool read = true;
+      for (int d = g.rank - 1; d >= 0 && read; --d) {
+        const int64_t c = rem % g.in_dims[d];
+        rem /= g.in_dims[d];
+        const int64_t off = c - g.begin[d];
+        const int64_t k = off / g.step[d];
+        read = off % g.step[d] == 0 && k >= 0 && k < g.out_dims[d];
+        out += k * stride;
+        stride *= g.out_dims[d];
+      }
+      dx[i] = read ? dy[out] : 0.0f;
     }
   }
 };

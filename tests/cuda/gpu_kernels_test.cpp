@@ -120,6 +120,14 @@ TEST_CASE("GPU pooling, resize and data-movement launchers match the host harnes
   same_on_both(x, 2 * 3 * 4 * 8, [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::gather(a, idx.data(), y, 6, 9, 8, 4, &bad, c); },
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::gather(a, didx.get(), y, 6, 9, 8, 4, dbad.get(), c); });
   CHECK(dbad.download()[0] == 0);
+  // Backward of Gather (repeated and negative indices) and of a backwards, strided Slice.
+  const std::vector<float> gdy = rnd(2 * 3 * 4 * 8, 8);
+  close_on_both(gdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::gather_grad(idx.data(), d, dx, 6, 9, 8, 4, c); },
+                [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::gather_grad(didx.get(), d, dx, 6, 9, 8, 4, c); });
+  const cuda::SliceGeom sg = rt::cuda_plan::make_slice_grad_geom({2, 3, 9, 8}, {-1, 1}, {-100, 8}, {2, 3}, {-2, 3});
+  const std::vector<float> sdy = rnd(2 * 3 * 5 * 3, 9);
+  same_on_both(sdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::slice_grad(sg, d, dx, 432, c); },
+               [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::slice_grad(sg, d, dx, 432, c); });
 }
 
 TEST_CASE("GPU quantization and statistics launchers match the host harness", "[cuda][gpu]") {

@@ -273,6 +273,88 @@ TEST_CASE("resize backward body matches the CPU backward kernel (nearest and lin
         }
 }
 
+TEST_CASE("data-movement backward: Gather and Slice bodies, Transpose and Concat plans match the CPU backward kernels",
+          "[cuda][host_bodies][train]") {
+  namespace plan = rt::cuda_plan;
+  auto i64 = [](const std::vector<int64_t>& v) { return Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v); };
+  SECTION("Gather on each axis: repeated and negative indices add up") {
+    const Tensor x = test::random_tensor({3, 7, 4}, 49);
+    const std::vector<int64_t> idx = {-1, 0, 2, 2, 1, 0};
+    for (int64_t axis = 0; axis < 3; ++axis) {
+      INFO("axis " << axis);
+      std::vector<int64_t> in_axis = idx;
+      for (int64_t& k : in_axis) k = k % x.dim(axis);  // stay in range on the short axes
+      const std::vector<ir::Attribute> attrs = {ir::Attribute::make_int("axis", axis)};
+      const Tensor y = test::run_node("Gather", {x, i64(in_axis)}, attrs, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), 50);
+      const Tensor want = cpu_backward_inputs("Gather", 13, {x, i64(in_axis)}, y, dy, attrs, {1, 0}).at(0);
+      REQUIRE(want.defined());
+      const plan::AxisView v = plan::axis_view(x.shape(), axis);
+      test::check_every_launch(want, 1e-6, 1e-6, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::gather_grad(in_axis.data(), dy.data<float>(), dx, v.outer, v.n, v.inner,
+                                       static_cast<int64_t>(in_axis.size()), c);
+      });
+    }
+  }
+  SECTION("Slice: steps forwards and backwards, negative starts, clamped ends, an empty axis") {
+    const Tensor x = test::random_tensor({4, 6, 5}, 51);
+    struct Case {
+      std::vector<int64_t> starts, ends, axes, steps;
+    };
+    for (const Case& c : {Case{{1, 0}, {3, 5}, {0, 2}, {1, 2}}, Case{{-1, 4}, {-100, 0}, {1, 2}, {-2, -1}},
+                          Case{{0, 2, -3}, {100, 5, 100}, {0, 1, 2}, {3, 1, 1}}, Case{{2}, {2}, {1}, {1}}}) {
+      INFO("starts " << c.starts.size() << " first " << c.starts[0] << " step " << c.steps[0]);
+      const std::vector<Tensor> inputs = {x, i64(c.starts), i64(c.ends), i64(c.axes), i64(c.steps)};
+      const Tensor y = test::run_node("Slice", inputs, {}, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), 52);
+      const Tensor want = cpu_backward_inputs("Slice", 13, inputs, y, dy, {}, {1, 0, 0, 0, 0}).at(0);
+      REQUIRE(want.defined());
+      const cuda::SliceGeom g = plan::make_slice_grad_geom(x.shape(), c.starts, c.ends, c.axes, c.steps);
+      test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& ctx) {
+        return cuda::host::slice_grad(g, dy.data<float>(), dx, x.numel(), ctx);
+      });
+    }
+  }
+  SECTION("Transpose: dY transposed by the inverse permutation") {
+    const Tensor x = test::random_tensor({2, 3, 4, 5}, 53);
+    for (const std::vector<int64_t>& perm : {std::vector<int64_t>{3, 1, 0, 2}, std::vector<int64_t>{1, 2, 3, 0}, std::vector<int64_t>{}}) {
+      const std::vector<ir::Attribute> attrs =
+          perm.empty() ? std::vector<ir::Attribute>{} : std::vector<ir::Attribute>{ir::Attribute::make_ints("perm", perm)};
+      const Tensor y = test::run_node("Transpose", {x}, attrs, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), 54);
+      const Tensor want = cpu_backward_inputs("Transpose", 13, {x}, y, dy, attrs, {1}).at(0);
+      REQUIRE(want.defined());
+      Shape back;
+      const cuda::StridedView v = plan::make_transpose_view(y.shape(), plan::inverse_permutation(perm, 4), &back);
+      REQUIRE(back == x.shape());
+      test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::strided_copy(v, dy.data<float>(), dx, x.numel(), c);
+      });
+    }
+    CHECK_THROWS_WITH(plan::inverse_permutation({0, 0, 1}, 3), Catch::Contains("bad perm"));
+  }
+  SECTION("Concat: each input's gradient is its Slice of dY") {
+    const std::vector<Tensor> xs = {test::random_tensor({2, 3, 4}, 55), test::random_tensor({2, 5, 4}, 56),
+                                    test::random_tensor({2, 1, 4}, 57)};
+    const std::vector<ir::Attribute> attrs = {ir::Attribute::make_int("axis", 1)};
+    const Tensor y = test::run_node("Concat", xs, attrs, 1, 13, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 58);
+    const std::vector<Tensor> want = cpu_backward_inputs("Concat", 13, xs, y, dy, attrs, {1, 1, 1});
+    int64_t offset = 0;
+    for (size_t k = 0; k < xs.size(); ++k) {
+      INFO("input " << k);
+      REQUIRE(want.at(k).defined());
+      Shape part;
+      const cuda::StridedView v = plan::make_slice_view(dy.shape(), {offset}, {offset + xs[k].dim(1)}, {1}, {1}, &part);
+      REQUIRE(part == xs[k].shape());
+      test::check_every_launch(want[k], 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::strided_copy(v, dy.data<float>(), dx, xs[k].numel(), c);
+      });
+      offset += xs[k].dim(1);
+    }
+  }
+}
+
 TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
   // The gradient of an input that was broadcast in Add/Mul/...: dY summed over the broadcast
   // dimensions, checked against a plain double loop.

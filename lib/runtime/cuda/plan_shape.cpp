@@ -63,8 +63,16 @@ cuda::StridedView make_transpose_view(const Shape& in, const std::vector<int64_t
   return v;
 }
 
-cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
-                                  const std::vector<int64_t>& axes_in, const std::vector<int64_t>& steps_in, Shape* out) {
+namespace {
+
+// ONNX Slice resolved per dimension: first input index, step and output extent (the output shape).
+struct ResolvedSlice {
+  std::vector<int64_t> begin, step;
+  Shape out;
+};
+
+ResolvedSlice resolve_slice(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                            const std::vector<int64_t>& axes_in, const std::vector<int64_t>& steps_in) {
   check_rank(in.size(), "Slice");
   const int64_t rank = static_cast<int64_t>(in.size());
   if (starts.size() != ends.size()) fail_input("Slice: {} starts but {} ends", starts.size(), ends.size());
@@ -73,9 +81,7 @@ cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& s
     for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
   if (steps.empty()) steps.assign(starts.size(), 1);
   if (axes.size() != starts.size() || steps.size() != starts.size()) fail_input("Slice: starts, ends, axes and steps differ in length");
-  const std::vector<int64_t> st = row_major_strides(in);
-  std::vector<int64_t> begin(in.size(), 0), step(in.size(), 1);
-  *out = in;
+  ResolvedSlice r{std::vector<int64_t>(in.size(), 0), std::vector<int64_t>(in.size(), 1), in};
   std::vector<bool> seen(in.size(), false);
   for (size_t i = 0; i < starts.size(); ++i) {
     int64_t ax = axes[i] < 0 ? axes[i] + rank : axes[i];
@@ -94,18 +100,56 @@ cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& s
       e = std::clamp<int64_t>(e, -1, dim - 1);
     }
     const int64_t count = s > 0 ? std::max<int64_t>(0, (e - b + s - 1) / s) : std::max<int64_t>(0, (b - e + (-s) - 1) / (-s));
-    (*out)[ax] = count;
-    begin[ax] = count > 0 ? b : 0;
-    step[ax] = s;
+    r.out[ax] = count;
+    r.begin[ax] = count > 0 ? b : 0;
+    r.step[ax] = s;
   }
+  return r;
+}
+
+}  // namespace
+
+cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                                  const std::vector<int64_t>& axes, const std::vector<int64_t>& steps, Shape* out) {
+  const ResolvedSlice r = resolve_slice(in, starts, ends, axes, steps);
+  *out = r.out;
+  const std::vector<int64_t> st = row_major_strides(in);
   cuda::StridedView v;
-  v.rank = static_cast<int>(rank);
-  for (int64_t d = 0; d < rank; ++d) {
-    v.dims[d] = (*out)[d];
-    v.in_step[d] = step[d] * st[d];
-    v.base += begin[d] * st[d];
+  v.rank = static_cast<int>(in.size());
+  for (size_t d = 0; d < in.size(); ++d) {
+    v.dims[d] = r.out[d];
+    v.in_step[d] = r.step[d] * st[d];
+    v.base += r.begin[d] * st[d];
   }
   return v;
+}
+
+cuda::SliceGeom make_slice_grad_geom(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                                     const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
+  const ResolvedSlice r = resolve_slice(in, starts, ends, axes, steps);
+  cuda::SliceGeom g;
+  g.rank = static_cast<int>(in.size());
+  for (size_t d = 0; d < in.size(); ++d) {
+    g.in_dims[d] = in[d];
+    g.begin[d] = r.begin[d];
+    g.step[d] = r.step[d];
+    g.out_dims[d] = r.out[d];
+  }
+  return g;
+}
+
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm, size_t rank) {
+  std::vector<int64_t> p = perm;
+  if (p.empty())
+    for (size_t d = rank; d-- > 0;) p.push_back(static_cast<int64_t>(d));
+  if (p.size() != rank) fail_input("Transpose: perm has {} entries for rank {}", p.size(), rank);
+  std::vector<int64_t> inv(rank, -1);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t a = p[d];
+    if (a < 0 || a >= static_cast<int64_t>(rank) || inv[static_cast<size_t>(a)] >= 0) fail_input("Transpose: bad perm entry {}", a);
+    inv[static_cast<size_t>(a)] = static_cast<int64_t>(d);
+  }
+  return inv;
 }
 
 AxisView axis_view(const Shape& shape, int64_t axis) {

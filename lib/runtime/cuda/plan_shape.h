@@ -22,6 +22,14 @@ cuda::StridedView make_transpose_view(const Shape& in, const std::vector<int64_t
 cuda::StridedView make_slice_view(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
                                   const std::vector<int64_t>& axes, const std::vector<int64_t>& steps, Shape* out);
 
+// Slice's backward (SliceGradBody) for the same arguments as make_slice_view.
+cuda::SliceGeom make_slice_grad_geom(const Shape& in, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                                     const std::vector<int64_t>& axes, const std::vector<int64_t>& steps);
+
+// Transpose's backward is a Transpose of dY by the inverse of `perm` (empty: reversed dimensions).
+// BadInput on a perm that is not a permutation of 0..rank-1.
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm, size_t rank);
+
 // [outer, n, inner] view of `shape` around `axis` (negative counts from the end).
 struct AxisView {
   int64_t outer = 1, n = 1, inner = 1;
