@@ -67,6 +67,17 @@ struct LaunchCtx {
                         const float* dy, float* dx, int64_t rows, int64_t n, const LaunchCtx& c);                 \
   int layer_norm_grad_params(const float* x, const float* mean, const float* inv_std, const float* dy,            \
                              float* dgamma, float* dbeta, int64_t rows, int64_t n, const LaunchCtx& c);           \
+  /* BatchNormalization over [n, f, s]: stats from the batch (running_mean null) or the running ones */           \
+  int batch_norm_stats(const float* x, const float* running_mean, const float* running_var, float* mean,          \
+                       float* inv_std, int64_t n, int64_t f, int64_t s, float epsilon, const LaunchCtx& c);        \
+  int batch_norm_apply(const float* x, const float* scale, const float* bias, const float* mean,                   \
+                       const float* inv_std, float* y, int64_t n, int64_t f, int64_t s, const LaunchCtx& c);      \
+  /* sums: 2 doubles per feature, read by batch_norm_grad_x in training; dscale/dbias may be null */               \
+  int batch_norm_grad_sums(const float* x, const float* mean, const float* inv_std, const float* dy, double* sums,  \
+                           float* dscale, float* dbias, int64_t n, int64_t f, int64_t s, const LaunchCtx& c);     \
+  int batch_norm_grad_x(bool training, const float* x, const float* mean, const float* inv_std,                    \
+                        const float* scale, const float* dy, const double* sums, float* dx, int64_t n, int64_t f, \
+                        int64_t s, const LaunchCtx& c);                                                            \
   int sum_to_shape(const Broadcast2& bc, const int64_t* in_dims, const float* dy, float* din, int64_t in_n,         \
                    const LaunchCtx& c);                                                                             \
   int unscale(float inv_scale, float* g, int64_t n, int* found_inf, const LaunchCtx& c);                          \

@@ -1,6 +1,6 @@
 #pragma once
 // Training bodies: the backward of the elementwise unary ops, of (Log)Softmax and of
-// LayerNormalization, the reduction of
+// LayerNormalization, BatchNormalization's training forward and backward, the reduction of
 // a broadcast gradient back to an input's shape, GradScaler's unscale with its non-finite check,
 // and the SGD and AdamW parameter updates. One thread per element (per row for softmax, per input
 // element for the reduction), grid-stride loops, no atomics: each output element has exactly one
@@ -126,6 +126,120 @@ struct LayerNormGradParamsBody {
       }
       if (dgamma) dgamma[k] = static_cast<float>(sg);
       if (dbeta) dbeta[k] = static_cast<float>(sb);
+    }
+  }
+};
+
+// BatchNormalization over X viewed as [N, F, S] (F features: the channels), as
+// lib/train/grads/norm_grad.cpp. Statistics, one thread per feature: the batch mean and inverse
+// std-dev over the N * S values (summed in order in double; population variance, as the forward
+// normalises by), or in eval the running ones: inv = 1 / sqrt(var + eps).
+struct BatchNormStatsBody {
+  const float* x;             // training only
+  const float* running_mean;  // eval only (null in training)
+  const float* running_var;
+  float* mean;
+  float* inv_std;
+  int64_t n, f, s;
+  float epsilon;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t c = t.global(); c < f; c += t.stride()) {
+      if (running_mean) {
+        mean[c] = running_mean[c];
+        inv_std[c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + epsilon));
+        continue;
+      }
+      const double m_count = static_cast<double>(n * s);
+      double sum = 0.0;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < s; ++i) sum += x[(b * f + c) * s + i];
+      const double m = m_count > 0 ? sum / m_count : 0.0;
+      double sq = 0.0;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < s; ++i) {
+          const double d = x[(b * f + c) * s + i] - m;
+          sq += d * d;
+        }
+      mean[c] = static_cast<float>(m);
+      inv_std[c] = static_cast<float>(1.0 / sqrt((m_count > 0 ? sq / m_count : 0.0) + epsilon));
+    }
+  }
+};
+
+// Y = scale (x - mean) inv + bias, one thread per element.
+struct BatchNormApplyBody {
+  const float* x;
+  const float* scale;
+  const float* bias;
+  const float* mean;
+  const float* inv_std;
+  float* y;
+  int64_t n, f, s;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = n * f * s;
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t c = (i / s) % f;
+      y[i] = scale[c] * ((x[i] - mean[c]) * inv_std[c]) + bias[c];
+    }
+  }
+};
+
+// Backward, first pass, one thread per feature: sums[2c] = sum dY, sums[2c + 1] = sum dY (x - mean)
+// over N then S in order in double; dScale = inv * sums[2c + 1] and dB = sums[2c] (either may be
+// null).
+struct BatchNormGradSumsBody {
+  const float* x;
+  const float* mean;
+  const float* inv_std;
+  const float* dy;
+  double* sums;
+  float* dscale;
+  float* dbias;
+  int64_t n, f, s;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t c = t.global(); c < f; c += t.stride()) {
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < s; ++i) {
+          const int64_t k = (b * f + c) * s + i;
+          sg += dy[k];
+          sgx += static_cast<double>(dy[k]) * (x[k] - mean[c]);
+        }
+      sums[2 * c] = sg;
+      sums[2 * c + 1] = sgx;
+      if (dscale) dscale[c] = static_cast<float>(sgx * inv_std[c]);
+      if (dbias) dbias[c] = static_cast<float>(sg);
+    }
+  }
+};
+
+// Backward, second pass, one thread per element:
+//   training: dX = scale inv (dY - sum dY / M - (x - mean) inv^2 sum dY (x - mean) / M), M = N * S;
+//   eval (a frozen affine map): dX = scale inv dY.
+struct BatchNormGradXBody {
+  bool training;
+  const float* x;
+  const float* mean;
+  const float* inv_std;
+  const float* scale;
+  const float* dy;
+  const double* sums;  // training only
+  float* dx;
+  int64_t n, f, s;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = n * f * s;
+    const double m_count = static_cast<double>(n * s);
+    for (int64_t i = t.global(); i < total; i += t.stride()) {
+      const int64_t c = (i / s) % f;
+      const float k = scale[c] * inv_std[c];
+      if (!training) {
+        dx[i] = k * dy[i];
+        continue;
+      }
+      const double iv = inv_std[c];
+      const float c0 = static_cast<float>(sums[2 * c] / m_count);
+      const float c1 = static_cast<float>(sums[2 * c + 1] * iv * iv / m_count);
+      dx[i] = k * (dy[i] - c0 - (x[i] - mean[c]) * c1);
     }
   }
 };

@@ -243,6 +243,21 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
                 [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_x(in, dlnm.get(), dlni.get(), dgam.get(), ddy.get(), dx, 15, 7, c); });
   close_on_both(v, 7, [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::host::layer_norm_grad_params(in, lnm.data(), lni.data(), dyv.data(), ds, nullptr, 15, 7, c); },
                 [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_params(in, dlnm.get(), dlni.get(), ddy.get(), ds, nullptr, 15, 7, c); });
+  // BatchNorm over [3, 5, 7] (v): batch statistics, then dX in training from the per-feature sums.
+  const std::vector<float> bsc = rnd(5, 68);
+  std::vector<float> bm(5), bi(5);
+  std::vector<double> bsums(10);
+  const cuda::LaunchCtx bc1{cuda::LaunchShape{1, 32}};
+  REQUIRE(cuda::host::batch_norm_stats(v.data(), nullptr, nullptr, bm.data(), bi.data(), 3, 5, 7, 1e-5f, bc1) == 0);
+  REQUIRE(cuda::host::batch_norm_grad_sums(v.data(), bm.data(), bi.data(), dyv.data(), bsums.data(), nullptr, nullptr, 3, 5, 7, bc1) == 0);
+  DeviceBuf<float> dbsc(bsc), dbm(bm), dbi(bi);
+  DeviceBuf<double> dbsums(bsums);
+  std::vector<float> host_inv(5);
+  DeviceBuf<float> gpu_inv(5);
+  close_on_both(v, 5, [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_stats(in, nullptr, nullptr, mean, host_inv.data(), 3, 5, 7, 1e-5f, c); },
+                [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_stats(in, nullptr, nullptr, mean, gpu_inv.get(), 3, 5, 7, 1e-5f, c); });
+  close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_grad_x(true, in, bm.data(), bi.data(), bsc.data(), dyv.data(), bsums.data(), dx, 3, 5, 7, c); },
+                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_x(true, in, dbm.get(), dbi.get(), dbsc.get(), ddy.get(), dbsums.get(), dx, 3, 5, 7, c); });
   // AdamW: one step of the weights in place from zero moments.
   cuda::AdamWStep st;
   st.step_size = 0.01f;

@@ -50,10 +50,11 @@ Tensor cpu_backward(const std::string& op, int opset, const Tensor& x, const Ten
 
 // The gradients of a one-node model's inputs (undefined tensors: absent optional inputs) from the
 // CPU backward kernel, with output 0 and its dY given; `wanted` marks the inputs whose gradient
-// the engine asks for.
+// the engine asks for; `stash` is what the op's training forward would have kept for it.
 std::vector<Tensor> cpu_backward_inputs(const std::string& op, int opset, const std::vector<Tensor>& inputs, const Tensor& y,
                                         const Tensor& dy, const std::vector<ir::Attribute>& attrs,
-                                        const std::vector<char>& wanted) {
+                                        const std::vector<char>& wanted, const std::vector<Tensor>& stash = {},
+                                        bool training = false) {
   ir::Model model;
   model.set_opset("", opset);
   ir::Graph* g = model.graph.get();
@@ -72,6 +73,8 @@ std::vector<Tensor> cpu_backward_inputs(const std::string& op, int opset, const 
     ctx.mutable_input_present().push_back(t.defined() ? 1 : 0);
   }
   ctx.mutable_wanted() = wanted;
+  ctx.mutable_stash() = stash;
+  ctx.set_training(training);
   ctx.mutable_outputs() = {y};
   ctx.mutable_output_shapes() = {y.shape()};
   ctx.mutable_grad_outputs() = {dy};
@@ -351,6 +354,67 @@ TEST_CASE("data-movement backward: Gather and Slice bodies, Transpose and Concat
         return cuda::host::strided_copy(v, dy.data<float>(), dx, xs[k].numel(), c);
       });
       offset += xs[k].dim(1);
+    }
+  }
+}
+
+TEST_CASE("BatchNorm training forward and backward bodies match the CPU training code", "[cuda][host_bodies][train]") {
+  // Batch statistics against a double loop, Y against the formula, and dX / dScale / dB against
+  // lib/train/grads/norm_grad.cpp given the same statistics, in training and in eval.
+  for (const Shape& xs : {Shape{3, 4, 5, 6}, Shape{7, 5}, Shape{1, 3, 1, 9}}) {
+    const int64_t n = xs[0], f = xs[1], sp = shape_numel(xs) / (n * f);
+    const Tensor x = test::random_tensor(xs, 59, -2, 3), scale = test::random_tensor({f}, 60, 0.5f, 1.5f),
+                 bias = test::random_tensor({f}, 61), run_mean = test::random_tensor({f}, 62),
+                 run_var = test::random_tensor({f}, 63, 0.5f, 2.0f), dy = test::random_tensor(xs, 64);
+    const float eps = 1e-5f;
+    for (bool training : {true, false}) {
+      INFO("x " << shape_str(xs) << (training ? " training" : " eval"));
+      const cuda::LaunchCtx one{cuda::LaunchShape{2, 3}};
+      std::vector<float> mean(static_cast<size_t>(f)), inv(static_cast<size_t>(f));
+      REQUIRE(cuda::host::batch_norm_stats(x.data<float>(), training ? nullptr : run_mean.data<float>(), run_var.data<float>(),
+                                           mean.data(), inv.data(), n, f, sp, eps, one) == 0);
+      for (int64_t c = 0; c < f; ++c) {
+        double m = run_mean.data<float>()[c], v = run_var.data<float>()[c];
+        if (training) {
+          double sum = 0, sq = 0;
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t i = 0; i < sp; ++i) sum += x.data<float>()[(b * f + c) * sp + i];
+          m = sum / static_cast<double>(n * sp);
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t i = 0; i < sp; ++i) sq += std::pow(x.data<float>()[(b * f + c) * sp + i] - m, 2);
+          v = sq / static_cast<double>(n * sp);
+        }
+        CHECK(mean[static_cast<size_t>(c)] == Approx(m).margin(1e-6));
+        CHECK(inv[static_cast<size_t>(c)] == Approx(1.0 / std::sqrt(v + eps)).epsilon(1e-5));
+      }
+      const Tensor mean_t = Tensor::from<float>({f}, mean), inv_t = Tensor::from<float>({f}, inv);
+      Tensor want_y(DType::Float32, xs);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const int64_t c = (i / sp) % f;
+        want_y.data<float>()[i] = scale.data<float>()[c] * ((x.data<float>()[i] - mean[c]) * inv[c]) + bias.data<float>()[c];
+      }
+      test::check_every_launch(want_y, 1e-6, 1e-6, [&](float* y, const cuda::LaunchCtx& ctx) {
+        return cuda::host::batch_norm_apply(x.data<float>(), scale.data<float>(), bias.data<float>(), mean.data(), inv.data(), y, n,
+                                            f, sp, ctx);
+      });
+
+      const std::vector<Tensor> want = cpu_backward_inputs("BatchNormalization", 15, {x, scale, bias, run_mean, run_var}, want_y, dy,
+                                                           {ir::Attribute::make_float("epsilon", eps)}, {1, 1, 1, 0, 0},
+                                                           {mean_t, inv_t}, training);
+      REQUIRE(want.at(0).defined());
+      std::vector<double> sums(static_cast<size_t>(2 * f));
+      test::check_every_launch(want.at(1), 1e-5, 1e-5, [&](float* ds, const cuda::LaunchCtx& ctx) {
+        return cuda::host::batch_norm_grad_sums(x.data<float>(), mean.data(), inv.data(), dy.data<float>(), sums.data(), ds, nullptr,
+                                                n, f, sp, ctx);
+      });
+      test::check_every_launch(want.at(2), 1e-5, 1e-5, [&](float* db, const cuda::LaunchCtx& ctx) {
+        return cuda::host::batch_norm_grad_sums(x.data<float>(), mean.data(), inv.data(), dy.data<float>(), sums.data(), nullptr, db,
+                                                n, f, sp, ctx);
+      });
+      test::check_every_launch(want.at(0), 1e-4, 1e-5, [&](float* dx, const cuda::LaunchCtx& ctx) {
+        return cuda::host::batch_norm_grad_x(training, x.data<float>(), mean.data(), inv.data(), scale.data<float>(),
+                                             dy.data<float>(), sums.data(), dx, n, f, sp, ctx);
+      });
     }
   }
 }
