@@ -67,9 +67,11 @@ struct LaunchCtx {
                         const float* dy, float* dx, int64_t rows, int64_t n, const LaunchCtx& c);                 \
   int layer_norm_grad_params(const float* x, const float* mean, const float* inv_std, const float* dy,            \
                              float* dgamma, float* dbeta, int64_t rows, int64_t n, const LaunchCtx& c);           \
-  /* BatchNormalization over [n, f, s]: stats from the batch (running_mean null) or the running ones */           \
+  /* BatchNormalization over [n, f, s]: stats from the batch (running_mean null) or the running ones; */         \
+  /* update_mean/update_var (training, may be null): running statistics moved in place with momentum */          \
   int batch_norm_stats(const float* x, const float* running_mean, const float* running_var, float* mean,          \
-                       float* inv_std, int64_t n, int64_t f, int64_t s, float epsilon, const LaunchCtx& c);        \
+                       float* inv_std, int64_t n, int64_t f, int64_t s, float epsilon, float* update_mean,         \
+                       float* update_var, float momentum, const LaunchCtx& c);                                    \
   int batch_norm_apply(const float* x, const float* scale, const float* bias, const float* mean,                   \
                        const float* inv_std, float* y, int64_t n, int64_t f, int64_t s, const LaunchCtx& c);      \
   /* sums: 2 doubles per feature, read by batch_norm_grad_x in training; dscale/dbias may be null */               \

@@ -133,7 +133,10 @@ struct LayerNormGradParamsBody {
 // BatchNormalization over X viewed as [N, F, S] (F features: the channels), as
 // lib/train/grads/norm_grad.cpp. Statistics, one thread per feature: the batch mean and inverse
 // std-dev over the N * S values (summed in order in double; population variance, as the forward
-// normalises by), or in eval the running ones: inv = 1 / sqrt(var + eps).
+// normalises by), or in eval the running ones: inv = 1 / sqrt(var + eps). In training, when
+// `update_mean` / `update_var` are given, the running statistics move in place as PyTorch's do
+// (momentum is ONNX's: the weight of the old value): towards the batch mean and the unbiased
+// batch variance, M / (M - 1) times the biased one (the host refuses M <= 1, as the CPU does).
 struct BatchNormStatsBody {
   const float* x;             // training only
   const float* running_mean;  // eval only (null in training)
@@ -142,6 +145,9 @@ struct BatchNormStatsBody {
   float* inv_std;
   int64_t n, f, s;
   float epsilon;
+  float* update_mean;  // training, optional: running mean, updated in place
+  float* update_var;   // with update_mean: running variance, updated in place
+  float momentum;
   MPQ_HD void operator()(const Thread& t) const {
     for (int64_t c = t.global(); c < f; c += t.stride()) {
       if (running_mean) {
@@ -160,8 +166,14 @@ struct BatchNormStatsBody {
           const double d = x[(b * f + c) * s + i] - m;
           sq += d * d;
         }
+      const double var = m_count > 0 ? sq / m_count : 0.0;
       mean[c] = static_cast<float>(m);
-      inv_std[c] = static_cast<float>(1.0 / sqrt((m_count > 0 ? sq / m_count : 0.0) + epsilon));
+      inv_std[c] = static_cast<float>(1.0 / sqrt(var + epsilon));
+      if (update_mean) {
+        const double unbias = m_count > 1 ? m_count / (m_count - 1) : 1.0;
+        update_mean[c] = static_cast<float>(momentum * static_cast<double>(update_mean[c]) + (1.0 - momentum) * m);
+        update_var[c] = static_cast<float>(momentum * static_cast<double>(update_var[c]) + (1.0 - momentum) * var * unbias);
+      }
     }
   }
 };

@@ -248,14 +248,14 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   std::vector<float> bm(5), bi(5);
   std::vector<double> bsums(10);
   const cuda::LaunchCtx bc1{cuda::LaunchShape{1, 32}};
-  REQUIRE(cuda::host::batch_norm_stats(v.data(), nullptr, nullptr, bm.data(), bi.data(), 3, 5, 7, 1e-5f, bc1) == 0);
+  REQUIRE(cuda::host::batch_norm_stats(v.data(), nullptr, nullptr, bm.data(), bi.data(), 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, bc1) == 0);
   REQUIRE(cuda::host::batch_norm_grad_sums(v.data(), bm.data(), bi.data(), dyv.data(), bsums.data(), nullptr, nullptr, 3, 5, 7, bc1) == 0);
   DeviceBuf<float> dbsc(bsc), dbm(bm), dbi(bi);
   DeviceBuf<double> dbsums(bsums);
   std::vector<float> host_inv(5);
   DeviceBuf<float> gpu_inv(5);
-  close_on_both(v, 5, [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_stats(in, nullptr, nullptr, mean, host_inv.data(), 3, 5, 7, 1e-5f, c); },
-                [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_stats(in, nullptr, nullptr, mean, gpu_inv.get(), 3, 5, 7, 1e-5f, c); });
+  close_on_both(v, 5, [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_stats(in, nullptr, nullptr, mean, host_inv.data(), 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); },
+                [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_stats(in, nullptr, nullptr, mean, gpu_inv.get(), 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); });
   close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_grad_x(true, in, bm.data(), bi.data(), bsc.data(), dyv.data(), bsums.data(), dx, 3, 5, 7, c); },
                 [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_x(true, in, dbm.get(), dbi.get(), dbsc.get(), ddy.get(), dbsums.get(), dx, 3, 5, 7, c); });
   // AdamW: one step of the weights in place from zero moments.

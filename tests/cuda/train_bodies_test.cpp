@@ -371,8 +371,11 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
       INFO("x " << shape_str(xs) << (training ? " training" : " eval"));
       const cuda::LaunchCtx one{cuda::LaunchShape{2, 3}};
       std::vector<float> mean(static_cast<size_t>(f)), inv(static_cast<size_t>(f));
+      std::vector<float> upd_mean(run_mean.data<float>(), run_mean.data<float>() + f), upd_var(run_var.data<float>(), run_var.data<float>() + f);
+      const float momentum = 0.9f;
       REQUIRE(cuda::host::batch_norm_stats(x.data<float>(), training ? nullptr : run_mean.data<float>(), run_var.data<float>(),
-                                           mean.data(), inv.data(), n, f, sp, eps, one) == 0);
+                                           mean.data(), inv.data(), n, f, sp, eps, training ? upd_mean.data() : nullptr,
+                                           training ? upd_var.data() : nullptr, momentum, one) == 0);
       for (int64_t c = 0; c < f; ++c) {
         double m = run_mean.data<float>()[c], v = run_var.data<float>()[c];
         if (training) {
@@ -386,6 +389,12 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
         }
         CHECK(mean[static_cast<size_t>(c)] == Approx(m).margin(1e-6));
         CHECK(inv[static_cast<size_t>(c)] == Approx(1.0 / std::sqrt(v + eps)).epsilon(1e-5));
+        // The running statistics: moved in training (PyTorch's unbiased variance), untouched in eval.
+        const double count = static_cast<double>(n * sp), unbias = count > 1 ? count / (count - 1) : 1.0;
+        const double want_mean = training ? momentum * run_mean.data<float>()[c] + (1 - momentum) * m : run_mean.data<float>()[c];
+        const double want_var = training ? momentum * run_var.data<float>()[c] + (1 - momentum) * v * unbias : run_var.data<float>()[c];
+        CHECK(upd_mean[static_cast<size_t>(c)] == Approx(want_mean).margin(1e-6));
+        CHECK(upd_var[static_cast<size_t>(c)] == Approx(want_var).epsilon(1e-5));
       }
       const Tensor mean_t = Tensor::from<float>({f}, mean), inv_t = Tensor::from<float>({f}, inv);
       Tensor want_y(DType::Float32, xs);
