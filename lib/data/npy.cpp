@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string_view>
 
 #include "core/error.h"
@@ -53,8 +54,8 @@ std::string_view skip_space(std::string_view s) {
   return s;
 }
 
-// The text after `'key':` (or `"key":`), leading blanks removed; fails if the key is absent.
-std::string_view dict_value(std::string_view header, std::string_view key, const std::filesystem::path& path) {
+// The text after `'key':` (or `"key":`), leading blanks removed, if the key is there.
+std::optional<std::string_view> find_dict_value(std::string_view header, std::string_view key) {
   for (const char quote : {'\'', '"'}) {
     const std::string quoted = std::string(1, quote) + std::string(key) + quote;
     for (size_t at = header.find(quoted); at != std::string_view::npos; at = header.find(quoted, at + 1)) {
@@ -62,7 +63,14 @@ std::string_view dict_value(std::string_view header, std::string_view key, const
       if (!rest.empty() && rest.front() == ':') return skip_space(rest.substr(1));
     }
   }
-  fail_input("{}: .npy header has no {}", path.string(), key);
+  return std::nullopt;
+}
+
+// The same; fails naming the file if the key is absent.
+std::string_view dict_value(std::string_view header, std::string_view key, const std::filesystem::path& path) {
+  const std::optional<std::string_view> v = find_dict_value(header, key);
+  if (!v) fail_input("{}: .npy header has no {}", path.string(), key);
+  return *v;
 }
 
 std::string_view quoted_value(std::string_view header, std::string_view key, const std::filesystem::path& path) {
@@ -93,31 +101,47 @@ Shape shape_value(std::string_view header, const std::filesystem::path& path) {
     }
     shape.push_back(d);
   }
+  // The element count must fit too (each dimension alone does): a wrapped product would size a
+  // tensor with less storage than its shape claims.
+  int64_t numel = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 56))
+      fail_input("{}: .npy header's shape {} has too many elements", path.string(), shape_str(shape));
   return shape;
 }
 
-NpyHeader parse_header(const std::string& bytes, const std::filesystem::path& path) {
+// Bytes from the start of the file to the end of the header (the data offset), from the magic and
+// the length field alone: tells how much of the file the header needs.
+size_t header_extent(const std::string& bytes, const std::filesystem::path& path, size_t* start_out = nullptr) {
   static const char magic[] = "\x93NUMPY";
   if (bytes.size() < 10 || std::memcmp(bytes.data(), magic, 6) != 0)
     fail_input("{}: not a .npy file (bad magic)", path.string());
-  uint8_t major = static_cast<uint8_t>(bytes[6]);
+  const uint8_t major = static_cast<uint8_t>(bytes[6]);
   size_t header_len = 0, start = 0;
   if (major == 1) {
     header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
     start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) fail_input("{}: truncated .npy header", path.string());
-    header_len = 0;
     for (int i = 0; i < 4; ++i) header_len |= static_cast<size_t>(static_cast<uint8_t>(bytes[8 + i])) << (8 * i);
     start = 12;
   } else {
     fail_input("{}: unsupported .npy version {}", path.string(), major);
   }
-  if (bytes.size() < start + header_len) fail_input("{}: truncated .npy header", path.string());
+  if (start_out) *start_out = start;
+  return start + header_len;
+}
+
+NpyHeader parse_header(const std::string& bytes, const std::filesystem::path& path) {
+  size_t start = 0;
+  const size_t end = header_extent(bytes, path, &start);
+  if (bytes.size() < end) fail_input("{}: truncated .npy header", path.string());
+  const size_t header_len = end - start;
   const std::string_view header(bytes.data() + start, header_len);
   NpyHeader h;
   h.dtype = dtype_from_descr(std::string(quoted_value(header, "descr", path)), path);
-  if (dict_value(header, "fortran_order", path).substr(0, 4) == "True")
+  // An absent fortran_order means C order (NumPy always writes it; hand-made files may not).
+  if (find_dict_value(header, "fortran_order").value_or("False").substr(0, 4) == "True")
     fail_input("{}: Fortran-order .npy arrays are not supported; save with np.ascontiguousarray", path.string());
   h.shape = shape_value(header, path);
   h.data_offset = start + header_len;
@@ -132,22 +156,20 @@ NpyHeader read_npy_header(const std::filesystem::path& path) {
   std::string head(4096, '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(in.gcount()));
-  NpyHeader h = parse_header(head, path);
-  if (h.data_offset > head.size()) {
-    // Very long header: read the whole file.
-    return parse_header(read_file_bytes(path), path);
-  }
-  return h;
+  // A header longer than the first 4 KiB: read the whole file.
+  if (header_extent(head, path) > head.size()) return parse_header(read_file_bytes(path), path);
+  return parse_header(head, path);
 }
 
 Tensor read_npy(const std::filesystem::path& path) {
   std::string bytes = read_file_bytes(path);
   NpyHeader h = parse_header(bytes, path);
-  Tensor t(h.dtype, h.shape);
-  size_t need = t.nbytes();
+  // Checked before the tensor is allocated: a header may claim far more than the file holds.
+  const size_t need = dtype_storage_bytes(h.dtype, shape_numel(h.shape));
   if (bytes.size() - h.data_offset < need)
     fail_input("{}: .npy data is truncated ({} bytes, shape {} of {} needs {})", path.string(),
                bytes.size() - h.data_offset, shape_str(h.shape), dtype_name(h.dtype), need);
+  Tensor t(h.dtype, h.shape);
   if (need) std::memcpy(t.raw_data(), bytes.data() + h.data_offset, need);
   return t;
 }

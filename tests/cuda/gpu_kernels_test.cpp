@@ -243,6 +243,8 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
                 [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_x(in, dlnm.get(), dlni.get(), dgam.get(), ddy.get(), dx, 15, 7, c); });
   close_on_both(v, 7, [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::host::layer_norm_grad_params(in, lnm.data(), lni.data(), dyv.data(), ds, nullptr, 15, 7, c); },
                 [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_params(in, dlnm.get(), dlni.get(), ddy.get(), ds, nullptr, 15, 7, c); });
+  close_on_both(v, 7, [&](const float* in, float* db, const cuda::LaunchCtx& c) { return cuda::host::layer_norm_grad_params(in, lnm.data(), lni.data(), dyv.data(), nullptr, db, 15, 7, c); },
+                [&](const float* in, float* db, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm_grad_params(in, dlnm.get(), dlni.get(), ddy.get(), nullptr, db, 15, 7, c); });
   // BatchNorm over [3, 5, 7] (v): batch statistics, then dX in training from the per-feature sums.
   const std::vector<float> bsc = rnd(5, 68);
   std::vector<float> bm(5), bi(5);
@@ -253,9 +255,31 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   DeviceBuf<float> dbsc(bsc), dbm(bm), dbi(bi);
   DeviceBuf<double> dbsums(bsums);
   std::vector<float> host_inv(5);
-  DeviceBuf<float> gpu_inv(5);
+  DeviceBuf<float> gpu_inv(5), dbm_scratch(5);
+  DeviceBuf<double> dbsums_scratch(10);
   close_on_both(v, 5, [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_stats(in, nullptr, nullptr, mean, host_inv.data(), 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); },
                 [&](const float* in, float* mean, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_stats(in, nullptr, nullptr, mean, gpu_inv.get(), 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); });
+  close_on_both(v, 5, [&](const float* in, float* iv, const cuda::LaunchCtx& c) { std::vector<float> m(5); return cuda::host::batch_norm_stats(in, nullptr, nullptr, m.data(), iv, 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); },
+                [&](const float* in, float* iv, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_stats(in, nullptr, nullptr, dbm_scratch.get(), iv, 3, 5, 7, 1e-5f, nullptr, nullptr, 0.9f, c); });
+  // The running variance updated in place (starting from run0, copied into the output first), Y,
+  // and the per-feature sums' dScale.
+  const std::vector<float> run0 = rnd(5, 69, 0.5f, 2.0f);
+  std::vector<float> host_run_mean(5);
+  DeviceBuf<float> gpu_run_mean(5);
+  close_on_both(run0, 5,
+                [&](const float* r, float* var, const cuda::LaunchCtx& c) {
+                  std::copy(r, r + 5, var);
+                  std::vector<float> m(5), iv(5);
+                  return cuda::host::batch_norm_stats(v.data(), nullptr, nullptr, m.data(), iv.data(), 3, 5, 7, 1e-5f, host_run_mean.data(), var, 0.9f, c);
+                },
+                [&](const float* r, float* var, const cuda::LaunchCtx& c) {
+                  test::cuda_check(cudaMemcpy(var, r, 5 * sizeof(float), cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+                  return cuda::gpu::batch_norm_stats(dv.get(), nullptr, nullptr, dbm_scratch.get(), gpu_inv.get(), 3, 5, 7, 1e-5f, gpu_run_mean.get(), var, 0.9f, c);
+                });
+  close_on_both(v, 105, [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_apply(in, bsc.data(), bsc.data(), bm.data(), bi.data(), y, 3, 5, 7, c); },
+                [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_apply(in, dbsc.get(), dbsc.get(), dbm.get(), dbi.get(), y, 3, 5, 7, c); });
+  close_on_both(v, 5, [&](const float* in, float* ds, const cuda::LaunchCtx& c) { std::vector<double> sm(10); return cuda::host::batch_norm_grad_sums(in, bm.data(), bi.data(), dyv.data(), sm.data(), ds, nullptr, 3, 5, 7, c); },
+                [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_sums(in, dbm.get(), dbi.get(), ddy.get(), dbsums_scratch.get(), ds, nullptr, 3, 5, 7, c); });
   close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_grad_x(true, in, bm.data(), bi.data(), bsc.data(), dyv.data(), bsums.data(), dx, 3, 5, 7, c); },
                 [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_x(true, in, dbm.get(), dbi.get(), dbsc.get(), ddy.get(), dbsums.get(), dx, 3, 5, 7, c); });
   // AdamW: one step of the weights in place from zero moments.

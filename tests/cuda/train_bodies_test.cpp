@@ -359,8 +359,9 @@ TEST_CASE("data-movement backward: Gather and Slice bodies, Transpose and Concat
 }
 
 TEST_CASE("BatchNorm training forward and backward bodies match the CPU training code", "[cuda][host_bodies][train]") {
-  // Batch statistics against a double loop, Y against the formula, and dX / dScale / dB against
-  // lib/train/grads/norm_grad.cpp given the same statistics, in training and in eval.
+  // Batch statistics and the running update against a double loop, Y against the CPU inference
+  // kernel given those statistics, and dX / dScale / dB against lib/train/grads/norm_grad.cpp given
+  // the same statistics, in training and in eval.
   for (const Shape& xs : {Shape{3, 4, 5, 6}, Shape{7, 5}, Shape{1, 3, 1, 9}}) {
     const int64_t n = xs[0], f = xs[1], sp = shape_numel(xs) / (n * f);
     const Tensor x = test::random_tensor(xs, 59, -2, 3), scale = test::random_tensor({f}, 60, 0.5f, 1.5f),
@@ -374,8 +375,10 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
       std::vector<float> upd_mean(run_mean.data<float>(), run_mean.data<float>() + f), upd_var(run_var.data<float>(), run_var.data<float>() + f);
       const float momentum = 0.9f;
       REQUIRE(cuda::host::batch_norm_stats(x.data<float>(), training ? nullptr : run_mean.data<float>(), run_var.data<float>(),
-                                           mean.data(), inv.data(), n, f, sp, eps, training ? upd_mean.data() : nullptr,
-                                           training ? upd_var.data() : nullptr, momentum, one) == 0);
+                                           mean.data(), inv.data(), n, f, sp, eps, upd_mean.data(), upd_var.data(), momentum,
+                                           one) == 0);
+      // The statistics the CPU inference kernel gets below: batch ones (double loop) or running ones.
+      std::vector<float> ref_mean(static_cast<size_t>(f)), ref_var(static_cast<size_t>(f));
       for (int64_t c = 0; c < f; ++c) {
         double m = run_mean.data<float>()[c], v = run_var.data<float>()[c];
         if (training) {
@@ -387,9 +390,12 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
             for (int64_t i = 0; i < sp; ++i) sq += std::pow(x.data<float>()[(b * f + c) * sp + i] - m, 2);
           v = sq / static_cast<double>(n * sp);
         }
+        ref_mean[static_cast<size_t>(c)] = static_cast<float>(m);
+        ref_var[static_cast<size_t>(c)] = static_cast<float>(v);
         CHECK(mean[static_cast<size_t>(c)] == Approx(m).margin(1e-6));
         CHECK(inv[static_cast<size_t>(c)] == Approx(1.0 / std::sqrt(v + eps)).epsilon(1e-5));
-        // The running statistics: moved in training (PyTorch's unbiased variance), untouched in eval.
+        // The running statistics: moved in training (PyTorch's unbiased variance), untouched in eval
+        // (the body is given them to update in both).
         const double count = static_cast<double>(n * sp), unbias = count > 1 ? count / (count - 1) : 1.0;
         const double want_mean = training ? momentum * run_mean.data<float>()[c] + (1 - momentum) * m : run_mean.data<float>()[c];
         const double want_var = training ? momentum * run_var.data<float>()[c] + (1 - momentum) * v * unbias : run_var.data<float>()[c];
@@ -397,12 +403,12 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
         CHECK(upd_var[static_cast<size_t>(c)] == Approx(want_var).epsilon(1e-5));
       }
       const Tensor mean_t = Tensor::from<float>({f}, mean), inv_t = Tensor::from<float>({f}, inv);
-      Tensor want_y(DType::Float32, xs);
-      for (int64_t i = 0; i < x.numel(); ++i) {
-        const int64_t c = (i / sp) % f;
-        want_y.data<float>()[i] = scale.data<float>()[c] * ((x.data<float>()[i] - mean[c]) * inv[c]) + bias.data<float>()[c];
-      }
-      test::check_every_launch(want_y, 1e-6, 1e-6, [&](float* y, const cuda::LaunchCtx& ctx) {
+      // Y against the CPU BatchNormalization kernel run with those statistics.
+      const Tensor want_y = test::run_node("BatchNormalization",
+                                           {x, scale, bias, Tensor::from<float>({f}, ref_mean), Tensor::from<float>({f}, ref_var)},
+                                           {ir::Attribute::make_float("epsilon", eps)}, 1, 15, 1)
+                                .at(0);
+      test::check_every_launch(want_y, 1e-5, 1e-5, [&](float* y, const cuda::LaunchCtx& ctx) {
         return cuda::host::batch_norm_apply(x.data<float>(), scale.data<float>(), bias.data<float>(), mean.data(), inv.data(), y, n,
                                             f, sp, ctx);
       });

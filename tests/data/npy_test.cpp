@@ -70,11 +70,15 @@ TEST_CASE("npy: header dicts in other spellings") {
       {"{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (6,)}", {6}},     // double quotes
       {"{'descr' : '<f4' , 'fortran_order' : False , 'shape' : ( 3L, 2L ) }", {3, 2}},  // Python 2 longs
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 1, 3), }", {1, 2, 1, 3}},
+      {"{'descr': '<f4', 'shape': (2, 3), }", {2, 3}},  // no fortran_order: C order
+      // a header longer than the 4 KiB read_npy_header looks at first
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }" + std::string(5000, ' '), {3, 2}},
   };
   for (const auto& c : cases) {
     CAPTURE(c.dict);
     for (bool pad : {true, false}) {
       write_raw_npy(tmp / "h.npy", c.dict, data, pad);
+      CHECK(data::read_npy_header(tmp / "h.npy").shape == c.shape);
       Tensor t = data::read_npy(tmp / "h.npy");
       REQUIRE(t.shape() == c.shape);
       CHECK(t.data<float>()[0] == 1.5f);
@@ -102,6 +106,10 @@ TEST_CASE("npy: malformed headers are errors naming the file") {
       {"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", "big-endian"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", "too large"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (8,), }", "truncated"},
+      // each dimension fits, their product does not: never a tensor with less storage than its shape
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", "too many elements"},
+      // a shape far larger than the file: refused before anything is allocated
+      {"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }", "truncated"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.dict);
