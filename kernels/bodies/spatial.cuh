@@ -6,8 +6,26 @@
 
 namespace mpq::cuda {
 
-// MaxPool (is_max) or AveragePool. count_include_pad counts the taps inside the padded input
-// (never the ceil_mode overhang past the end padding), as rt::cpu::avg_pool_ref.
+// AveragePool's divisor for the window of output (oy, ox): the taps inside the input, or with
+// count_include_pad those inside the padded input (never the ceil_mode overhang past the end
+// padding), as rt::cpu::avg_pool_ref. The window is a product of a row and a column range, so the
+// count is the product of the two per-axis counts. Shared by the forward and backward bodies.
+MPQ_HD inline int64_t pool2d_window_count(const Pool2dGeom& g, bool count_include_pad, int64_t oy, int64_t ox) {
+  const int64_t y_lo = count_include_pad ? -g.pad_t : 0, y_hi = count_include_pad ? g.ih + g.pad_b : g.ih;
+  const int64_t x_lo = count_include_pad ? -g.pad_l : 0, x_hi = count_include_pad ? g.iw + g.pad_r : g.iw;
+  int64_t rows = 0, cols = 0;
+  for (int64_t ky = 0; ky < g.kh; ++ky) {
+    const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
+    rows += yy >= y_lo && yy < y_hi;
+  }
+  for (int64_t kx = 0; kx < g.kw; ++kx) {
+    const int64_t xx = ox * g.sw + kx * g.dw - g.pad_l;
+    cols += xx >= x_lo && xx < x_hi;
+  }
+  return rows * cols;
+}
+
+// MaxPool (is_max) or AveragePool (divided by pool2d_window_count).
 struct Pool2dBody {
   bool is_max;
   bool count_include_pad;
@@ -22,7 +40,6 @@ struct Pool2dBody {
       float m = 0.0f;
       bool any = false;
       double s = 0.0;
-      int64_t count = 0;
       for (int64_t ky = 0; ky < g.kh; ++ky) {
         const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
         for (int64_t kx = 0; kx < g.kw; ++kx) {
@@ -34,11 +51,9 @@ struct Pool2dBody {
             any = true;
             s += v;
           }
-          if (count_include_pad ? (yy >= -g.pad_t && yy < g.ih + g.pad_b && xx >= -g.pad_l && xx < g.iw + g.pad_r)
-                                : inside)
-            ++count;
         }
       }
+      const int64_t count = is_max ? 0 : pool2d_window_count(g, count_include_pad, oy, ox);
       y[i] = is_max ? m : (count > 0 ? static_cast<float>(s / static_cast<double>(count)) : 0.0f);
     }
   }
@@ -48,7 +63,7 @@ struct Pool2dBody {
 // that cover it (each tap (ky, kx) of the kernel names at most one such window), so every dX
 // element has one writer and no atomics are needed. MaxPool: dY goes to the window's first
 // maximum in row-major tap order, never the padding (strictly greater replaces, as
-// lib/train/grads/pool_grad.cpp); AveragePool: dY / count, count as the forward divides by.
+// lib/train/grads/pool_grad.cpp); AveragePool: dY / pool2d_window_count, as the forward divides.
 struct Pool2dGradBody {
   bool is_max;
   bool count_include_pad;
@@ -77,20 +92,6 @@ struct Pool2dGradBody {
     return at;
   }
 
-  MPQ_HD int64_t window_count(int64_t oy, int64_t ox) const {
-    int64_t count = 0;
-    for (int64_t ky = 0; ky < g.kh; ++ky) {
-      const int64_t yy = oy * g.sh + ky * g.dh - g.pad_t;
-      const bool row = count_include_pad ? yy >= -g.pad_t && yy < g.ih + g.pad_b : yy >= 0 && yy < g.ih;
-      if (!row) continue;
-      for (int64_t kx = 0; kx < g.kw; ++kx) {
-        const int64_t xx = ox * g.sw + kx * g.dw - g.pad_l;
-        if (count_include_pad ? xx >= -g.pad_l && xx < g.iw + g.pad_r : xx >= 0 && xx < g.iw) ++count;
-      }
-    }
-    return count;
-  }
-
   MPQ_HD void operator()(const Thread& t) const {
     const int64_t total = g.planes * g.ih * g.iw;
     for (int64_t i = t.global(); i < total; i += t.stride()) {
@@ -110,7 +111,7 @@ struct Pool2dGradBody {
           if (is_max) {
             if (window_argmax(plane, oy, ox) == iy * g.iw + ix) s += d;
           } else {
-            const int64_t count = window_count(oy, ox);
+            const int64_t count = pool2d_window_count(g, count_include_pad, oy, ox);
             if (count > 0) s += static_cast<double>(d) / static_cast<double>(count);
           }
         }
