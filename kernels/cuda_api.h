@@ -12,8 +12,9 @@ namespace mpq::cuda {
 struct OpsTable;  // kernels/ops_table.h
 
 // Bumped whenever CudaApi or the OpsTable it carries changes (5: unary and unary_grad take alpha
-// and beta, for HardSigmoid/HardSwish); the loader refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 5;
+// and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries); the loader refuses a
+// plugin built for another version.
+inline constexpr int kCudaApiVersion = 6;
 
 struct DeviceInfo {
   int index = 0;

@@ -1,4 +1,5 @@
-// The GPU side of kernels/lib_ops.h: cuBLASLt GEMM and cuDNN convolution forward, with the
+// The GPU side of kernels/lib_ops.h: cuBLASLt GEMM and cuDNN convolution forward and backward (data,
+// filter; deterministic algorithms only; written after the H100 run, not yet run on a GPU), with the
 // descriptors of kernels/lib_descriptors.h built once per distinct plan and the algorithm chosen
 // once (cuBLASLt's heuristic, cuDNN's v7 heuristic within the plan's workspace budget). When the
 // library has no algorithm for a problem, FP32 problems run the direct bodies of
@@ -27,6 +28,7 @@ namespace gpu {
 
 namespace {
 
+using rt::cuda_plan::ConvDirection;
 using rt::cuda_plan::ConvPlan;
 using rt::cuda_plan::GemmPlan;
 using rt::cuda_plan::LtLayout;
@@ -78,15 +80,16 @@ LtState& lt_state() {
   return *s;
 }
 
+// One plan in one direction: its own descriptors (the chosen algorithm's math type is set on the
+// convolution descriptor, and the three directions may choose differently).
 struct ConvEntry {
   std::unique_ptr<CudnnConvDescriptors> desc;
   bool searched = false;
   int search_status = 0;
   bool have_algo = false;
-  cudnnConvolutionFwdAlgo_t algo{};
+  int algo = 0;  // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t of the entry's direction
   size_t workspace = 0;
 };
-
 struct DnnState {
   std::mutex mu;
   std::map<void*, cudnnHandle_t> handles;  // one per stream, released with it (release_stream)
@@ -114,9 +117,36 @@ LibStatus dnn_handle(DnnState& s, void* stream, cudnnHandle_t* out) {
   return {};
 }
 
-// Caller holds the lock: the entry for `p` with its descriptors built and its algorithm chosen.
-LibStatus conv_entry(DnnState& s, const ConvPlan& p, cudnnHandle_t h, ConvEntry** out) {
-  std::unique_ptr<ConvEntry>& slot = s.plans[conv_key(p)];
+// The heuristic's list in its order: the first that succeeded within the workspace budget (and,
+// for training, is deterministic: the same gradients run after run, as mpq's CPU training).
+template <class Perf>
+int choose_algo(ConvEntry& e, const Perf* perf, int returned, size_t workspace_limit, bool deterministic_only) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > workspace_limit) continue;
+    if (deterministic_only && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    // The heuristic's workspace figure holds for the math type it assumed: set that one.
+    if (const int st = cudnnSetConvolutionMathType(e.desc->conv, perf[i].mathType)) return st;
+    e.have_algo = true;
+    e.algo = static_cast<int>(perf[i].algo);
+    e.workspace = perf[i].memory;
+    break;
+  }
+  return 0;
+}
+
+const char* heuristic_call(ConvDirection d) {
+  switch (d) {
+    case ConvDirection::Forward: return "cudnnGetConvolutionForwardAlgorithm_v7";
+    case ConvDirection::BackwardData: return "cudnnGetConvolutionBackwardDataAlgorithm_v7";
+    case ConvDirection::BackwardFilter: return "cudnnGetConvolutionBackwardFilterAlgorithm_v7";
+  }
+  return "cudnnGetConvolution*Algorithm_v7";
+}
+
+// Caller holds the lock: the entry for `p` in direction `d` with its descriptors built and its
+// algorithm chosen.
+LibStatus conv_entry(DnnState& s, const ConvPlan& p, ConvDirection d, cudnnHandle_t h, ConvEntry** out) {
+  std::unique_ptr<ConvEntry>& slot = s.plans[conv_key(p) + ';' + std::to_string(static_cast<int>(d))];
   if (!slot) {
     slot = std::make_unique<ConvEntry>();
     slot->desc = std::make_unique<CudnnConvDescriptors>(p);
@@ -126,23 +156,27 @@ LibStatus conv_entry(DnnState& s, const ConvPlan& p, cudnnHandle_t h, ConvEntry*
   if (e.desc->status) return LibStatus{2, e.desc->status, e.desc->failed_call.c_str()};
   if (!e.searched) {
     e.searched = true;
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    const CudnnConvDescriptors& c = *e.desc;
     int returned = 0;
-    e.search_status = cudnnGetConvolutionForwardAlgorithm_v7(h, e.desc->x, e.desc->w, e.desc->conv, e.desc->y,
-                                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf);
-    // Heuristic order; the first that works within the budget.
-    for (int i = 0; e.search_status == 0 && i < returned; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= p.workspace_limit) {
-        // The heuristic's workspace figure holds for the math type it assumed: set that one.
-        e.search_status = cudnnSetConvolutionMathType(e.desc->conv, perf[i].mathType);
-        if (e.search_status) return LibStatus{2, e.search_status, "cudnnSetConvolutionMathType"};
-        e.have_algo = true;
-        e.algo = perf[i].algo;
-        e.workspace = perf[i].memory;
-        break;
-      }
+    int st = 0;
+    if (d == ConvDirection::Forward) {
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      st = cudnnGetConvolutionForwardAlgorithm_v7(h, c.x, c.w, c.conv, c.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf);
+      if (st == 0) st = choose_algo(e, perf, returned, p.workspace_limit, false);
+    } else if (d == ConvDirection::BackwardData) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w, c.y, c.conv, c.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                       &returned, perf);
+      if (st == 0) st = choose_algo(e, perf, returned, p.workspace_limit, true);
+    } else {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x, c.y, c.conv, c.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                         &returned, perf);
+      if (st == 0) st = choose_algo(e, perf, returned, p.workspace_limit, true);
+    }
+    e.search_status = st;
   }
-  if (e.search_status) return LibStatus{2, e.search_status, "cudnnGetConvolutionForwardAlgorithm_v7"};
+  if (e.search_status) return LibStatus{2, e.search_status, heuristic_call(d)};
   return {};
 }
 
@@ -196,9 +230,9 @@ LibStatus gemm(const GemmPlan& p, const void* a, const void* b, void* c, void* w
 
 namespace {
 // Caller holds s.mu: the stream's handle and the plan's entry (descriptors built, algorithm chosen).
-LibStatus conv_lookup(DnnState& s, const ConvPlan& p, void* stream, cudnnHandle_t* h, ConvEntry** e) {
+LibStatus conv_lookup(DnnState& s, const ConvPlan& p, ConvDirection d, void* stream, cudnnHandle_t* h, ConvEntry** e) {
   if (LibStatus st = dnn_handle(s, stream, h); !st.ok()) return st;
-  return conv_entry(s, p, *h, e);
+  return conv_entry(s, p, d, *h, e);
 }
 }  // namespace
 
@@ -216,7 +250,7 @@ LibStatus conv_workspace(const ConvPlan& p, size_t* bytes, const LaunchCtx& ctx)
   std::lock_guard<std::mutex> lock(s.mu);
   cudnnHandle_t h = nullptr;
   ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ctx.stream, &h, &e); !st.ok()) return st;
+  if (LibStatus st = conv_lookup(s, p, ConvDirection::Forward, ctx.stream, &h, &e); !st.ok()) return st;
   *bytes = e->have_algo ? e->workspace : 0;
   return {};
 }
@@ -227,7 +261,7 @@ LibStatus conv_forward(const ConvPlan& p, const float* x, const float* w, float*
   std::unique_lock<std::mutex> lock(s.mu);
   cudnnHandle_t h = nullptr;
   ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ctx.stream, &h, &e); !st.ok()) return st;
+  if (LibStatus st = conv_lookup(s, p, ConvDirection::Forward, ctx.stream, &h, &e); !st.ok()) return st;
   if (!e->have_algo) {
     lock.unlock();
     if (p.type != rt::cuda_plan::ConvDataType::F32)
@@ -240,9 +274,69 @@ LibStatus conv_forward(const ConvPlan& p, const float* x, const float* w, float*
   const float one = 1.0f, zero = 0.0f;
   const CudnnConvDescriptors& d = *e->desc;
   // The handle is shared per stream; the lock keeps two host threads from interleaving on it.
-  const int st = static_cast<int>(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, e->algo, workspace, workspace_bytes,
+  const int st = static_cast<int>(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(e->algo), workspace, workspace_bytes,
                                                           &zero, d.y, y));
   return st ? LibStatus{2, st, "cudnnConvolutionForward"} : LibStatus{};
+}
+
+LibStatus conv_backward_workspace(const ConvPlan& p, ConvDirection direction, size_t* bytes, const LaunchCtx& ctx) {
+  DnnState& s = dnn_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  cudnnHandle_t h = nullptr;
+  ConvEntry* e = nullptr;
+  if (LibStatus st = conv_lookup(s, p, direction, ctx.stream, &h, &e); !st.ok()) return st;
+  *bytes = e->have_algo ? e->workspace : 0;
+  return {};
+}
+
+LibStatus conv_backward_data(const ConvPlan& p, const float* w, const float* dy, float* dx, void* workspace,
+                             size_t workspace_bytes, const LaunchCtx& ctx) {
+  DnnState& s = dnn_state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  cudnnHandle_t h = nullptr;
+  ConvEntry* e = nullptr;
+  if (LibStatus st = conv_lookup(s, p, ConvDirection::BackwardData, ctx.stream, &h, &e); !st.ok()) return st;
+  if (!e->have_algo) {
+    lock.unlock();
+    if (p.type != rt::cuda_plan::ConvDataType::F32)
+      return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED,
+                       "cudnnGetConvolutionBackwardDataAlgorithm_v7 (no deterministic algorithm within the budget)"};
+    const int st = conv_grad_data(conv_geom(p), w, dy, dx, ctx);
+    return st ? LibStatus{0, st, "direct convolution backward-data launch"} : LibStatus{};
+  }
+  if (workspace_bytes < e->workspace)
+    return LibStatus{2, CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionBackwardData (workspace smaller than planned)"};
+  const float one = 1.0f, zero = 0.0f;
+  const CudnnConvDescriptors& d = *e->desc;
+  const int st = static_cast<int>(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv,
+                                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(e->algo),
+                                                               workspace, workspace_bytes, &zero, d.x, dx));
+  return st ? LibStatus{2, st, "cudnnConvolutionBackwardData"} : LibStatus{};
+}
+
+LibStatus conv_backward_filter(const ConvPlan& p, const float* x, const float* dy, float* dw, void* workspace,
+                               size_t workspace_bytes, const LaunchCtx& ctx) {
+  DnnState& s = dnn_state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  cudnnHandle_t h = nullptr;
+  ConvEntry* e = nullptr;
+  if (LibStatus st = conv_lookup(s, p, ConvDirection::BackwardFilter, ctx.stream, &h, &e); !st.ok()) return st;
+  if (!e->have_algo) {
+    lock.unlock();
+    if (p.type != rt::cuda_plan::ConvDataType::F32)
+      return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED,
+                       "cudnnGetConvolutionBackwardFilterAlgorithm_v7 (no deterministic algorithm within the budget)"};
+    const int st = conv_grad_filter(conv_geom(p), x, dy, dw, ctx);
+    return st ? LibStatus{0, st, "direct convolution backward-filter launch"} : LibStatus{};
+  }
+  if (workspace_bytes < e->workspace)
+    return LibStatus{2, CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionBackwardFilter (workspace smaller than planned)"};
+  const float one = 1.0f, zero = 0.0f;
+  const CudnnConvDescriptors& d = *e->desc;
+  const int st = static_cast<int>(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
+                                                                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(e->algo),
+                                                                 workspace, workspace_bytes, &zero, d.w, dw));
+  return st ? LibStatus{2, st, "cudnnConvolutionBackwardFilter"} : LibStatus{};
 }
 
 }  // namespace gpu

@@ -48,6 +48,25 @@ LibStatus conv_forward(const rt::cuda_plan::ConvPlan& p, const float* x, const f
   conv_direct(conv_geom(p), x, w, y, ctx);
   return {};
 }
+LibStatus conv_backward_workspace(const rt::cuda_plan::ConvPlan&, rt::cuda_plan::ConvDirection, size_t* bytes,
+                                  const LaunchCtx&) {
+  *bytes = 0;
+  return {};
+}
+LibStatus conv_backward_data(const rt::cuda_plan::ConvPlan& p, const float* w, const float* dy, float* dx, void*, size_t,
+                             const LaunchCtx& ctx) {
+  if (p.type != rt::cuda_plan::ConvDataType::F32)
+    return LibStatus{2, kCudnnStatusNotSupported, "direct convolution backward-data (FP32 only on the host)"};
+  conv_grad_data(conv_geom(p), w, dy, dx, ctx);
+  return {};
+}
+LibStatus conv_backward_filter(const rt::cuda_plan::ConvPlan& p, const float* x, const float* dy, float* dw, void*, size_t,
+                               const LaunchCtx& ctx) {
+  if (p.type != rt::cuda_plan::ConvDataType::F32)
+    return LibStatus{2, kCudnnStatusNotSupported, "direct convolution backward-filter (FP32 only on the host)"};
+  conv_grad_filter(conv_geom(p), x, dy, dw, ctx);
+  return {};
+}
 
 }  // namespace mpq::cuda::host
 

@@ -2,7 +2,9 @@
 // The library-backed entry points (cuBLASLt GEMM, cuDNN convolution), declared for both sides
 // like kernels/ops.h:
 //  - mpq::cuda::gpu (kernels/gpu_libs.cpp, in the plugin): cublasLtMatmul with a cached heuristic
-//    choice, cudnnConvolutionForward with a cached algorithm; when the library declines a problem
+//    choice, cudnnConvolutionForward / BackwardData / BackwardFilter with a cached algorithm per
+//    direction (the backward ones deterministic only, written after the H100 run: not yet run on
+//    a GPU); when the library declines a problem
 //    (no algorithm, no engine within the workspace budget) they run the direct bodies of
 //    kernels/bodies/linalg.cuh on the device instead. First run on an H100 on 2026-11-26.
 //  - mpq::cuda::host (kernels/host_harness.cu): the direct bodies over the geometry the plan
@@ -86,6 +88,15 @@ inline ConvGeom conv_geom(const rt::cuda_plan::ConvPlan& p) {
   LibStatus conv_workspace(const rt::cuda_plan::ConvPlan& p, size_t* bytes, const LaunchCtx& ctx);              \
   LibStatus conv_forward(const rt::cuda_plan::ConvPlan& p, const float* x, const float* w, float* y,             \
                          void* workspace, size_t workspace_bytes, const LaunchCtx& ctx);                         \
+  /* backward (training): the workspace the chosen backward-data / backward-filter algorithm needs */             \
+  LibStatus conv_backward_workspace(const rt::cuda_plan::ConvPlan& p, rt::cuda_plan::ConvDirection direction,    \
+                                    size_t* bytes, const LaunchCtx& ctx);                                        \
+  /* dX = the plan's convolution transposed applied to dY (X's descriptor for dX) */                            \
+  LibStatus conv_backward_data(const rt::cuda_plan::ConvPlan& p, const float* w, const float* dy, float* dx,     \
+                               void* workspace, size_t workspace_bytes, const LaunchCtx& ctx);                   \
+  /* dW from X and dY (overwritten, not accumulated) */                                                          \
+  LibStatus conv_backward_filter(const rt::cuda_plan::ConvPlan& p, const float* x, const float* dy, float* dw,   \
+                                 void* workspace, size_t workspace_bytes, const LaunchCtx& ctx);                 \
   /* the library state bound to a stream that is about to be destroyed (cuDNN's handle) */                       \
   void release_stream(void* stream);
 

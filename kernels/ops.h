@@ -57,6 +57,10 @@ struct LaunchCtx {
   /* direct FP32 matrix product / convolution (kernels/bodies/linalg.cuh) */                                       \
   int matmul(const MatmulGeom& g, const float* a, const float* b, float* c, const LaunchCtx& ctx);                  \
   int conv_direct(const ConvGeom& g, const float* x, const float* w, float* y, const LaunchCtx& ctx);               \
+  /* convolution backward (direct bodies): dX from W and dY, dW from X and dY, dB per channel of dY [n, c, s] */    \
+  int conv_grad_data(const ConvGeom& g, const float* w, const float* dy, float* dx, const LaunchCtx& ctx);          \
+  int conv_grad_filter(const ConvGeom& g, const float* x, const float* dy, float* dw, const LaunchCtx& ctx);        \
+  int channel_grad_sum(int64_t n, int64_t c, int64_t s, const float* dy, float* db, const LaunchCtx& ctx);         \
   /* training (kernels/bodies/train.cuh); in_dims: the input's shape aligned to bc.rank */                         \
   int unary_grad(UnaryOp op, float alpha, const float* x, const float* y, const float* dy, float* dx, int64_t n,   \
                  const LaunchCtx& c);                                                                               \

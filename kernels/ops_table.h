@@ -34,6 +34,14 @@ struct OpsTable {
   LibStatus (*conv_workspace)(const rt::cuda_plan::ConvPlan&, size_t*, const LaunchCtx&);
   LibStatus (*conv_forward)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
                             const LaunchCtx&);
+  LibStatus (*conv_backward_workspace)(const rt::cuda_plan::ConvPlan&, rt::cuda_plan::ConvDirection, size_t*,
+                                       const LaunchCtx&);
+  LibStatus (*conv_backward_data)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
+                                  const LaunchCtx&);
+  LibStatus (*conv_backward_filter)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
+                                    const LaunchCtx&);
+  // Training entries (kernels/bodies/linalg.cuh): the convolution bias gradient.
+  int (*channel_grad_sum)(int64_t, int64_t, int64_t, const float*, float*, const LaunchCtx&);
   void (*release_stream)(void*);
 };
 

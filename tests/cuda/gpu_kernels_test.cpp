@@ -11,7 +11,9 @@
 
 #include "gpu_support.h"
 #include "host_grid.h"
+#include "kernels/lib_ops.h"
 #include "kernels/ops.h"
+#include "runtime/cuda/plan_conv.h"
 #include "runtime/cuda/plan_shape.h"
 #include "test_util.h"
 
@@ -221,6 +223,45 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   DeviceBuf<float> dw(w);
   close_on_both(x, 2 * 6 * 4 * 4, [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::host::conv_direct(cg, in, w.data(), y, c); },
                 [&](const float* in, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::conv_direct(cg, in, dw.get(), y, c); });
+  // Convolution backward: the direct bodies on both sides (written after the H100 run) ...
+  const std::vector<float> cdy = rnd(2 * 6 * 4 * 4, 67);
+  DeviceBuf<float> dcdy(cdy), dcx(x);
+  close_on_both(w, x.size(), [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::conv_grad_data(cg, in, cdy.data(), dx, c); },
+                [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::conv_grad_data(cg, in, dcdy.get(), dx, c); });
+  close_on_both(x, w.size(), [&](const float* in, float* dwt, const cuda::LaunchCtx& c) { return cuda::host::conv_grad_filter(cg, in, cdy.data(), dwt, c); },
+                [&](const float* in, float* dwt, const cuda::LaunchCtx& c) { return cuda::gpu::conv_grad_filter(cg, in, dcdy.get(), dwt, c); });
+  close_on_both(cdy, 6, [&](const float* d, float* dbias, const cuda::LaunchCtx& c) { return cuda::host::channel_grad_sum(2, 6, 16, d, dbias, c); },
+                [&](const float* d, float* dbias, const cuda::LaunchCtx& c) { return cuda::gpu::channel_grad_sum(2, 6, 16, d, dbias, c); });
+  // ... and cuDNN's backward-data / backward-filter (deterministic algorithms) over the same
+  // problem as a plan, against the host's direct bodies over that plan (other summation order).
+  {
+    rt::cuda_plan::ConvRequest cr{{2, 4, 7, 6}, {6, 2, 3, 3}, {2, 1}, {1, 2}, {1, 1, 1, 1}, 2};
+    const rt::cuda_plan::ConvPlan cplan = rt::cuda_plan::plan_conv(cr);
+    REQUIRE(cplan.use_cudnn);
+    const cuda::LaunchCtx lc{};
+    for (auto dir : {rt::cuda_plan::ConvDirection::BackwardData, rt::cuda_plan::ConvDirection::BackwardFilter}) {
+      const bool data = dir == rt::cuda_plan::ConvDirection::BackwardData;
+      INFO((data ? "cudnnConvolutionBackwardData" : "cudnnConvolutionBackwardFilter"));
+      size_t ws = 0;
+      const cuda::LibStatus wst = cuda::gpu::conv_backward_workspace(cplan, dir, &ws, lc);
+      INFO("status " << wst.code << " from " << wst.call);
+      REQUIRE(wst.ok());
+      DeviceBuf<float> workspace(ws / sizeof(float) + 1);
+      const size_t ny = data ? x.size() : w.size();
+      std::vector<float> want = test::nan_filled(ny);
+      REQUIRE((data ? cuda::host::conv_backward_data(cplan, w.data(), cdy.data(), want.data(), nullptr, 0, lc)
+                    : cuda::host::conv_backward_filter(cplan, x.data(), cdy.data(), want.data(), nullptr, 0, lc))
+                  .ok());
+      DeviceBuf<float> out(test::nan_filled(ny));
+      const cuda::LibStatus st =
+          data ? cuda::gpu::conv_backward_data(cplan, dw.get(), dcdy.get(), out.get(), workspace.get(), ws, lc)
+               : cuda::gpu::conv_backward_filter(cplan, dcx.get(), dcdy.get(), out.get(), workspace.get(), ws, lc);
+      INFO("status " << st.code << " from " << st.call);
+      REQUIRE(st.ok());
+      CHECK(close(out.download(), want, 1e-4, 1e-4));
+    }
+    cuda::gpu::release_stream(nullptr);  // the default stream's cuDNN handle (leak check)
+  }
   // Backward bodies.
   const std::vector<float> v = rnd(105, 65), dyv = rnd(105, 66);
   DeviceBuf<float> dv(v), ddy(dyv);

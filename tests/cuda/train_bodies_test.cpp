@@ -1,4 +1,5 @@
-// The training bodies (kernels/bodies/train.cuh) run by the nvcc-compiled host harness over every
+// The training bodies (kernels/bodies/train.cuh, and the convolution backward bodies of
+// kernels/bodies/linalg.cuh behind the library entries) run by the nvcc-compiled host harness over every
 // launch shape (tests/cuda/host_grid.h), against mpq's CPU training code: the backward kernels of
 // lib/train/grads (called directly with the forward outputs saved), the SGD/AdamW optimizers of
 // lib/train/optimizer.cpp and GradScaler::unscale. Fixed seeds, odd shapes. Always runs.
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "host_grid.h"
+#include "kernels/lib_ops.h"
 #include "kernels/ops.h"
+#include "runtime/cuda/plan_conv.h"
+#include "runtime/cuda/plan_gemm.h"
 #include "runtime/cuda/plan_shape.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
@@ -431,6 +435,132 @@ TEST_CASE("BatchNorm training forward and backward bodies match the CPU training
                                              dy.data<float>(), sums.data(), dx, n, f, sp, ctx);
       });
     }
+  }
+}
+
+TEST_CASE("convolution backward through the cuDNN plan's host entries matches the CPU backward kernel",
+          "[cuda][host_bodies][train]") {
+  // The host side of conv_backward_data / conv_backward_filter runs the direct bodies over the
+  // plan's geometry: this checks both the bodies and that the plan describes the backward the CPU
+  // computes, in every layout cuDNN gets (1-D as 2-D with H = 1, 3-D, groups, depthwise).
+  struct Case {
+    Shape x, w;
+    std::vector<int64_t> strides, dilations, pads;
+    int64_t group;
+  };
+  const Case cases[] = {
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1},
+      {{1, 4, 11, 10}, {6, 2, 3, 2}, {2, 3}, {1, 1}, {1, 0, 1, 0}, 2},
+      {{2, 5, 7, 7}, {5, 1, 3, 3}, {2, 2}, {2, 2}, {2, 2, 2, 2}, 5},       // depthwise, dilated
+      {{1, 2, 10, 10}, {3, 2, 3, 3}, {3, 3}, {1, 1}, {0, 0, 0, 0}, 1},     // last input rows never read
+      {{2, 3, 13}, {4, 3, 4}, {3}, {2}, {2, 2}, 1},                        // 1-D
+      {{1, 2, 5, 6, 4}, {3, 2, 2, 3, 2}, {1, 2, 1}, {1, 1, 2}, {1, 0, 1, 1, 0, 1}, 1},  // 3-D
+  };
+  uint32_t seed = 60;
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " group " << c.group);
+    const Tensor x = test::random_tensor(c.x, seed++);
+    const Tensor w = test::random_tensor(c.w, seed++);
+    const Tensor b = test::random_tensor({c.w[0]}, seed++);
+    const std::vector<ir::Attribute> attrs = {
+        ir::Attribute::make_ints("strides", c.strides), ir::Attribute::make_ints("dilations", c.dilations),
+        ir::Attribute::make_ints("pads", c.pads), ir::Attribute::make_int("group", c.group)};
+    const Tensor y = test::run_node("Conv", {x, w, b}, attrs, 1, 11, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), seed++);
+    const std::vector<Tensor> want = cpu_backward_inputs("Conv", 11, {x, w, b}, y, dy, attrs, {1, 1, 1});
+    REQUIRE(want.at(0).defined());
+    REQUIRE(want.at(1).defined());
+    REQUIRE(want.at(2).defined());
+
+    rt::cuda_plan::ConvRequest r{c.x, c.w, c.strides, c.dilations, c.pads, c.group};
+    const rt::cuda_plan::ConvPlan plan = rt::cuda_plan::plan_conv(r);
+    REQUIRE(plan.use_cudnn);
+    REQUIRE(plan.y_shape == y.shape());
+    test::check_every_launch(want.at(0), 1e-4, 1e-5, [&](float* dx, const cuda::LaunchCtx& lc) {
+      return cuda::host::conv_backward_data(plan, w.data<float>(), dy.data<float>(), dx, nullptr, 0, lc).code;
+    });
+    test::check_every_launch(want.at(1), 1e-4, 1e-5, [&](float* dw, const cuda::LaunchCtx& lc) {
+      return cuda::host::conv_backward_filter(plan, x.data<float>(), dy.data<float>(), dw, nullptr, 0, lc).code;
+    });
+    const int64_t spatial = y.numel() / (y.dim(0) * y.dim(1));
+    test::check_every_launch(want.at(2), 1e-5, 1e-6, [&](float* db, const cuda::LaunchCtx& lc) {
+      return cuda::host::channel_grad_sum(y.dim(0), y.dim(1), spatial, dy.data<float>(), db, lc);
+    });
+  }
+  SECTION("the backward entries refuse non-FP32 plans with NOT_SUPPORTED, as the forward does") {
+    rt::cuda_plan::ConvRequest r{{1, 2, 5, 5}, {2, 2, 3, 3}, {}, {}, {}, 1};
+    r.type = rt::cuda_plan::ConvDataType::F16;
+    const rt::cuda_plan::ConvPlan plan = rt::cuda_plan::plan_conv(r);
+    const cuda::LaunchCtx lc{};
+    CHECK(cuda::host::conv_backward_data(plan, nullptr, nullptr, nullptr, nullptr, 0, lc).code == cuda::kCudnnStatusNotSupported);
+    CHECK(cuda::host::conv_backward_filter(plan, nullptr, nullptr, nullptr, nullptr, 0, lc).code == cuda::kCudnnStatusNotSupported);
+  }
+}
+
+TEST_CASE("matrix-product backward GEMM plans compute the CPU backward kernels' gradients",
+          "[cuda][host_bodies][train]") {
+  namespace plan = rt::cuda_plan;
+  // dA and dB through plan_matmul_grad -> plan_gemm -> the host gemm entry (the direct body over
+  // the cuBLASLt plan), for every transpose combination and batched / broadcast products.
+  auto run_grad = [](const plan::GemmGradRequest& g, const Tensor& dy, const Tensor& operand, const Tensor& want) {
+    const plan::GemmPlan p = plan::plan_gemm(g.request);
+    REQUIRE(p.use_cublaslt);
+    const Tensor& first = g.grad_first ? dy : operand;
+    const Tensor& second = g.grad_first ? operand : dy;
+    test::check_every_launch(want, 1e-4, 1e-5, [&](float* out, const cuda::LaunchCtx& lc) {
+      return cuda::host::gemm(p, first.data<float>(), second.data<float>(), out, nullptr, 0, lc).code;
+    });
+  };
+  SECTION("Gemm with transA / transB") {
+    const int64_t M = 5, K = 7, N = 3;
+    uint32_t seed = 80;
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        INFO("transA " << ta << " transB " << tb);
+        const Tensor a = test::random_tensor(ta ? Shape{K, M} : Shape{M, K}, seed++);
+        const Tensor b = test::random_tensor(tb ? Shape{N, K} : Shape{K, N}, seed++);
+        const std::vector<ir::Attribute> attrs = {ir::Attribute::make_int("transA", ta), ir::Attribute::make_int("transB", tb)};
+        const Tensor y = test::run_node("Gemm", {a, b}, attrs, 1, 13, 1).at(0);
+        const Tensor dy = test::random_tensor(y.shape(), seed++);
+        const std::vector<Tensor> want = cpu_backward_inputs("Gemm", 13, {a, b}, y, dy, attrs, {1, 1});
+        plan::GemmRequest f;
+        f.m = M;
+        f.n = N;
+        f.k = K;
+        f.trans_a = ta != 0;
+        f.trans_b = tb != 0;
+        const plan::MatmulGradRequests g = plan::plan_matmul_grad(f);
+        run_grad(g.da, dy, b, want.at(0));
+        run_grad(g.db, dy, a, want.at(1));
+      }
+  }
+  SECTION("MatMul: equal batches (strided-batched) and a 2-D B folded into M") {
+    struct Case {
+      Shape a, b;
+      plan::GemmRequest f;
+    };
+    plan::GemmRequest batched;
+    batched.m = 5, batched.k = 7, batched.n = 4, batched.batch = 3;
+    plan::GemmRequest folded;
+    folded.m = 2 * 3 * 5, folded.k = 7, folded.n = 4;
+    uint32_t seed = 90;
+    for (const Case& c : {Case{{3, 5, 7}, {3, 7, 4}, batched}, Case{{2, 3, 5, 7}, {7, 4}, folded}}) {
+      INFO("A " << shape_str(c.a) << " B " << shape_str(c.b));
+      const Tensor a = test::random_tensor(c.a, seed++);
+      const Tensor b = test::random_tensor(c.b, seed++);
+      const Tensor y = test::run_node("MatMul", {a, b}, {}, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), seed++);
+      const std::vector<Tensor> want = cpu_backward_inputs("MatMul", 13, {a, b}, y, dy, {}, {1, 1});
+      const plan::MatmulGradRequests g = plan::plan_matmul_grad(c.f);
+      run_grad(g.da, dy, b, want.at(0));
+      run_grad(g.db, dy, a, want.at(1));
+    }
+  }
+  SECTION("a forward with leading dimensions is refused") {
+    plan::GemmRequest f;
+    f.m = f.n = f.k = 4;
+    f.lda = 8;
+    CHECK_THROWS_WITH(plan::plan_matmul_grad(f), Catch::Contains("packed"));
   }
 }
 

@@ -90,4 +90,29 @@ GemmPlan plan_gemm(const GemmRequest& r) {
   return p;
 }
 
+MatmulGradRequests plan_matmul_grad(const GemmRequest& f) {
+  if (f.lda || f.ldb || f.ldc) fail_input("GEMM backward: the forward's operands must be packed (lda, ldb, ldc 0)");
+  if (f.m < 0 || f.n < 0 || f.k < 0 || f.batch < 1) fail_input("GEMM backward: bad sizes m={} n={} k={} batch={}", f.m, f.n, f.k, f.batch);
+  auto request = [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    GemmRequest r;
+    r.m = m;
+    r.n = n;
+    r.k = k;
+    r.trans_a = ta;
+    r.trans_b = tb;
+    r.batch = f.batch;
+    r.sm = f.sm;
+    return r;
+  };
+  MatmulGradRequests g;
+  // dA: [M, K] = dC[M, N] * op(B)^T, where op(B)^T is B itself when B is stored transposed; or,
+  // stored as [K, M], op(B)[K, N] * dC^T.
+  if (!f.trans_a) g.da = {request(f.m, f.k, f.n, false, !f.trans_b), true};
+  else g.da = {request(f.k, f.m, f.n, f.trans_b, true), false};
+  // dB: [K, N] = op(A)^T[K, M] * dC; or, stored as [N, K], dC^T[N, M] * op(A)[M, K].
+  if (!f.trans_b) g.db = {request(f.k, f.n, f.m, !f.trans_a, false), false};
+  else g.db = {request(f.n, f.k, f.m, true, f.trans_a), true};
+  return g;
+}
+
 }  // namespace mpq::rt::cuda_plan

@@ -62,6 +62,21 @@ struct GemmPlan {
 // 4-byte-aligned pointers). Throws BadInput on an inconsistent request (negative sizes, ld too small).
 GemmPlan plan_gemm(const GemmRequest& r);
 
+// The two GEMMs of a matrix product's backward (training). For the forward C = op(A) * op(B) of
+// `forward` (packed operands; leading dimensions must be 0), dA has A's stored shape and dB B's:
+//   dA = dC * op(B)^T, or op(B) * dC^T when A is stored transposed;
+//   dB = op(A)^T * dC, or dC^T * op(A) when B is stored transposed.
+// `grad_first` says whether dC is the request's first operand (mpq's A) and the forward operand
+// (B for dA, A for dB) its second, or the other way round. FP32; batches as the forward's.
+struct GemmGradRequest {
+  GemmRequest request;
+  bool grad_first = true;
+};
+struct MatmulGradRequests {
+  GemmGradRequest da, db;
+};
+MatmulGradRequests plan_matmul_grad(const GemmRequest& forward);
+
 // Byte alignment (power of two, capped at 256) common to `addr` and every multiple of `ld_bytes`.
 int alignment_bytes(uintptr_t addr, int64_t ld_bytes);
 
