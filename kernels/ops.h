@@ -84,6 +84,17 @@ struct LaunchCtx {
   int batch_norm_grad_x(bool training, const float* x, const float* mean, const float* inv_std,                    \
                         const float* scale, const float* dy, const double* sums, float* dx, int64_t n, int64_t f, \
                         int64_t s, const LaunchCtx& c);                                                            \
+  int clip_grad(const float* x, const float* dy, float* dx, int64_t n, float lo, float hi, const LaunchCtx& c);       \
+  /* ReduceSum/ReduceMean/GlobalAveragePool backward: dx[i] = dy[view(i)] / divisor */                            \
+  int broadcast_divide(const StridedView& view, float divisor, const float* dy, float* dx, int64_t n,              \
+                       const LaunchCtx& c);                                                                         \
+  /* ReduceMax/Min (y given) and GlobalMaxPool (y null) backward; reduced: rank flags */                           \
+  int reduce_extreme_grad(int rank, const int64_t* in_dims, const bool* reduced, const float* x, const float* y,    \
+                          const float* dy, float* dx, int64_t kept_n, const LaunchCtx& c);                         \
+  int prelu_grad(const Broadcast2& bc, const float* x, const float* slope, const float* dy, float* dx,             \
+                 float* slope_term, int64_t n, const LaunchCtx& c);                                                \
+  int where_grad(const Broadcast2& bc, const bool* cond, const float* dy, float* masked, int64_t n, bool take,      \
+                 const LaunchCtx& c);                                                                               \
   int sum_to_shape(const Broadcast2& bc, const int64_t* in_dims, const float* dy, float* din, int64_t in_n,         \
                    const LaunchCtx& c);                                                                             \
   int unscale(float inv_scale, float* g, int64_t n, int* found_inf, const LaunchCtx& c);                          \

@@ -6,6 +6,7 @@
 // element for the reduction), grid-stride loops, no atomics: each output element has exactly one
 // writer, so results do not depend on the launch shape.
 #include "kernels/bodies/elementwise.cuh"
+#include "kernels/bodies/shape.cuh"
 
 namespace mpq::cuda {
 
@@ -353,6 +354,135 @@ struct AdamWBody {
       const float denom = sqrtf(v[i]) / s.bc2_sqrt + s.eps;
       if (s.log_space) w[i] *= expf(-s.step_size * m[i] / denom);
       else w[i] -= s.step_size * m[i] / denom;
+    }
+  }
+};
+
+// Clip's backward: dY passes where lo <= x <= hi, the bounds themselves included (a NaN x gets 0),
+// as the CPU kernel. Absent bounds are -inf / +inf.
+struct ClipGradBody {
+  const float* x;
+  const float* dy;
+  float* dx;
+  int64_t n;
+  float lo, hi;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) dx[i] = (x[i] >= lo && x[i] <= hi) ? dy[i] : 0.0f;
+  }
+};
+
+// dY broadcast back over the dimensions a reduction removed, divided by `divisor`: the backward of
+// ReduceSum (1), ReduceMean (the reduced count) and GlobalAveragePool (the spatial size). `view`
+// maps dX's elements to dY's (step 0 along the reduced dimensions; plan_shape's
+// make_broadcast_view).
+struct BroadcastDivideBody {
+  StridedView view;
+  float divisor;
+  const float* dy;
+  float* dx;
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) dx[i] = dy[view_source(view, i)] / divisor;
+  }
+};
+
+// The backward of ReduceMax / ReduceMin / GlobalMaxPool: dY goes to one element of each reduced
+// set, the others get 0. One thread per set (per dY element) walks the set in row-major order, so
+// every dX element is written by exactly one thread. With `y` (ReduceMax/Min, as the CPU): the
+// first element equal to the forward's result (NaN matching NaN); without (GlobalMaxPool, as the
+// CPU): the first strict maximum. in_dims: X's shape; reduced[d]: whether dimension d was reduced.
+struct ReduceExtremeGradBody {
+  int rank;
+  int64_t in_dims[kMaxRank];
+  bool reduced[kMaxRank];
+  const float* x;
+  const float* y;  // may be null
+  const float* dy;
+  float* dx;
+  int64_t kept_n;
+  MPQ_HD void operator()(const Thread& t) const {
+    int64_t set_n = 1;
+    for (int d = 0; d < rank; ++d)
+      if (reduced[d]) set_n *= in_dims[d];
+    for (int64_t r = t.global(); r < kept_n; r += t.stride()) {
+      // The kept coordinates of set r (row-major over the non-reduced dimensions).
+      int64_t kept[kMaxRank];
+      int64_t rem = r;
+      for (int d = rank - 1; d >= 0; --d) {
+        kept[d] = reduced[d] ? 0 : rem % in_dims[d];
+        if (!reduced[d]) rem /= in_dims[d];
+      }
+      int64_t chosen = -1;
+      float best = 0.0f;
+      for (int64_t j = 0; j < set_n; ++j) {
+        const int64_t e = element(kept, j);
+        const float v = x[e];
+        dx[e] = 0.0f;
+        if (y) {
+          const float target = y[r];
+          const bool match = v == target || (v != v && target != target);
+          if (chosen < 0 && match) chosen = e;
+        } else if (chosen < 0 || v > best) {
+          chosen = e;
+          best = v;
+        }
+      }
+      if (chosen >= 0) dx[chosen] = dy[r];
+    }
+  }
+  // X's offset of the j-th element (row-major over the reduced dimensions) of the set at `kept`.
+  MPQ_HD int64_t element(const int64_t* kept, int64_t j) const {
+    int64_t off = 0, stride = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      int64_t c = kept[d];
+      if (reduced[d]) {
+        c = j % in_dims[d];
+        j /= in_dims[d];
+      }
+      off += c * stride;
+      stride *= in_dims[d];
+    }
+    return off;
+  }
+};
+
+// PRelu's backward per element of X: dX = x < 0 ? slope * dY : dY, and (when slope_term is not
+// null) the slope's term dY * min(x, 0), which SumToShapeBody then sums to the slope's shape.
+// bc: make_broadcast2(X's shape, the slope's shape) (A = X, B = the slope).
+struct PReluGradBody {
+  Broadcast2 bc;
+  const float* x;
+  const float* slope;
+  const float* dy;
+  float* dx;          // may be null
+  float* slope_term;  // may be null
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      int64_t oa, ob;
+      broadcast_offsets(bc, i, oa, ob);
+      const bool negative = x[oa] < 0.0f;
+      if (dx) dx[i] = negative ? slope[ob] * dy[i] : dy[i];
+      if (slope_term) slope_term[i] = dy[i] * (negative ? x[oa] : 0.0f);
+    }
+  }
+};
+
+// Where's backward for one branch, before the sum to the branch's shape: dY where the condition
+// selects the branch (take: the X branch, condition true), 0 elsewhere. bc: make_broadcast2(the
+// condition's shape, Y's shape) (A = the condition).
+struct WhereGradBody {
+  Broadcast2 bc;
+  const bool* cond;
+  const float* dy;
+  float* masked;
+  int64_t n;
+  bool take;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      int64_t oa, ob;
+      broadcast_offsets(bc, i, oa, ob);
+      masked[i] = cond[oa] == take ? dy[i] : 0.0f;
     }
   }
 };

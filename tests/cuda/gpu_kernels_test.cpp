@@ -323,6 +323,28 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
                 [&](const float* in, float* ds, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_sums(in, dbm.get(), dbi.get(), ddy.get(), dbsums_scratch.get(), ds, nullptr, 3, 5, 7, c); });
   close_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::batch_norm_grad_x(true, in, bm.data(), bi.data(), bsc.data(), dyv.data(), bsums.data(), dx, 3, 5, 7, c); },
                 [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::batch_norm_grad_x(true, in, dbm.get(), dbi.get(), dbsc.get(), ddy.get(), dbsums.get(), dx, 3, 5, 7, c); });
+  // Clip, reduction, PRelu and Where backward (eighth session; v as [3, 7, 5]).
+  same_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::clip_grad(in, dyv.data(), dx, 105, -0.5f, 1.0f, c); },
+               [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::clip_grad(in, ddy.get(), dx, 105, -0.5f, 1.0f, c); });
+  const cuda::StridedView bview = rt::cuda_plan::make_broadcast_view({3, 1, 5}, {3, 7, 5});
+  same_on_both(dyv, 105, [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::broadcast_divide(bview, 7.0f, d, dx, 105, c); },
+               [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::broadcast_divide(bview, 7.0f, d, dx, 105, c); });
+  const int64_t edims[3] = {3, 7, 5};
+  const bool ereduced[3] = {false, true, false};
+  same_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::reduce_extreme_grad(3, edims, ereduced, in, nullptr, dyv.data(), dx, 15, c); },
+               [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::reduce_extreme_grad(3, edims, ereduced, in, nullptr, ddy.get(), dx, 15, c); });
+  const std::vector<float> slope = rnd(7, 68, 0.1f, 0.5f);
+  DeviceBuf<float> dslope(slope);
+  const cuda::Broadcast2 pbc = rt::cuda_plan::make_broadcast2({3, 7, 5}, {7, 1}, &joined);
+  same_on_both(v, 105, [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::host::prelu_grad(pbc, in, slope.data(), dyv.data(), dx, nullptr, 105, c); },
+               [&](const float* in, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::prelu_grad(pbc, in, dslope.get(), ddy.get(), dx, nullptr, 105, c); });
+  same_on_both(v, 105, [&](const float* in, float* t, const cuda::LaunchCtx& c) { return cuda::host::prelu_grad(pbc, in, slope.data(), dyv.data(), nullptr, t, 105, c); },
+               [&](const float* in, float* t, const cuda::LaunchCtx& c) { return cuda::gpu::prelu_grad(pbc, in, dslope.get(), ddy.get(), nullptr, t, 105, c); });
+  const std::vector<unsigned char> cond = {1, 0, 0, 1, 1, 0, 1};  // [7, 1] as bool bytes
+  DeviceBuf<unsigned char> dcond(cond);
+  const cuda::Broadcast2 wbc = rt::cuda_plan::make_broadcast2({7, 1}, {3, 7, 5}, &joined);
+  same_on_both(dyv, 105, [&](const float* d, float* m, const cuda::LaunchCtx& c) { return cuda::host::where_grad(wbc, reinterpret_cast<const bool*>(cond.data()), d, m, 105, true, c); },
+               [&](const float* d, float* m, const cuda::LaunchCtx& c) { return cuda::gpu::where_grad(wbc, reinterpret_cast<const bool*>(dcond.get()), d, m, 105, true, c); });
   // AdamW: one step of the weights in place from zero moments.
   cuda::AdamWStep st;
   st.step_size = 0.01f;

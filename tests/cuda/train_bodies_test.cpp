@@ -564,6 +564,173 @@ TEST_CASE("matrix-product backward GEMM plans compute the CPU backward kernels' 
   }
 }
 
+TEST_CASE("Clip, reduction, global pooling, PRelu, Where, Expand and Pad backward bodies match the CPU backward kernels",
+          "[cuda][host_bodies][train]") {
+  namespace plan = rt::cuda_plan;
+  auto to_dims = [](const cuda::Broadcast2& bc, const Shape& in) {
+    std::vector<int64_t> d(static_cast<size_t>(bc.rank), 1);
+    for (size_t i = 0; i < in.size(); ++i) d[static_cast<size_t>(bc.rank) - in.size() + i] = in[i];
+    return d;
+  };
+  SECTION("Clip: the bounds themselves pass, an absent bound is infinite") {
+    Tensor x = test::random_tensor({3, 5, 7}, 100, -2, 2);
+    x.data<float>()[0] = -0.5f;  // exactly on the bounds
+    x.data<float>()[1] = 1.25f;
+    const Tensor lo = Tensor::scalar<float>(-0.5f), hi = Tensor::scalar<float>(1.25f);
+    for (bool with_lo : {true, false}) {
+      INFO("min given: " << with_lo);
+      const std::vector<Tensor> inputs = {x, with_lo ? lo : Tensor(), hi};
+      const Tensor y = test::run_node("Clip", inputs, {}, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), 101);
+      const Tensor want = cpu_backward_inputs("Clip", 13, inputs, y, dy, {}, {1, 0, 0}).at(0);
+      REQUIRE(want.defined());
+      const float l = with_lo ? -0.5f : -std::numeric_limits<float>::infinity();
+      test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::clip_grad(x.data<float>(), dy.data<float>(), dx, x.numel(), l, 1.25f, c);
+      });
+    }
+  }
+  SECTION("ReduceSum / ReduceMean (keepdims on and off) and GlobalAveragePool") {
+    const Tensor x = test::random_tensor({2, 3, 4, 5}, 102);
+    const Tensor axes = Tensor::from<int64_t>({2}, {1, 3});
+    for (int keep : {1, 0})
+      for (bool mean : {false, true}) {
+        INFO((mean ? "ReduceMean" : "ReduceSum") << " keepdims " << keep);
+        const std::vector<ir::Attribute> attrs =
+            mean ? std::vector<ir::Attribute>{ir::Attribute::make_int("keepdims", keep), ir::Attribute::make_ints("axes", {1, 3})}
+                 : std::vector<ir::Attribute>{ir::Attribute::make_int("keepdims", keep)};
+        const std::vector<Tensor> inputs = mean ? std::vector<Tensor>{x} : std::vector<Tensor>{x, axes};
+        const char* op = mean ? "ReduceMean" : "ReduceSum";
+        const Tensor y = test::run_node(op, inputs, attrs, 1, 13, 1).at(0);
+        const Tensor dy = test::random_tensor(y.shape(), 103);
+        std::vector<char> wanted(inputs.size(), 0);
+        wanted[0] = 1;
+        const Tensor want = cpu_backward_inputs(op, 13, inputs, y, dy, attrs, wanted).at(0);
+        REQUIRE(want.defined());
+        const cuda::StridedView v = plan::make_broadcast_view({2, 1, 4, 1}, x.shape());
+        test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+          return cuda::host::broadcast_divide(v, mean ? 15.0f : 1.0f, dy.data<float>(), dx, x.numel(), c);
+        });
+      }
+    const Tensor y = test::run_node("GlobalAveragePool", {x}, {}, 1, 13, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 104);
+    const Tensor want = cpu_backward_inputs("GlobalAveragePool", 13, {x}, y, dy, {}, {1}).at(0);
+    const cuda::StridedView v = plan::make_broadcast_view(y.shape(), x.shape());
+    test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+      return cuda::host::broadcast_divide(v, 20.0f, dy.data<float>(), dx, x.numel(), c);
+    });
+    CHECK_THROWS_WITH(plan::make_broadcast_view({2, 3}, {3, 3}), Catch::Contains("do not broadcast"));
+    CHECK_THROWS_WITH(plan::make_broadcast_view({1, 3}, {3}), Catch::Contains("without changing it"));
+  }
+  SECTION("ReduceMax / ReduceMin (first match, ties and NaN) and GlobalMaxPool (first strict maximum)") {
+    Tensor x = test::random_tensor({3, 4, 5}, 105, -2, 2);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::round(x.data<float>()[i] * 2.0f) / 2.0f;  // ties
+    x.data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+    const bool reduced[3] = {true, false, true};
+    const int64_t dims[3] = {3, 4, 5};
+    for (const char* op : {"ReduceMax", "ReduceMin"}) {
+      INFO(op);
+      const std::vector<ir::Attribute> attrs = {ir::Attribute::make_ints("axes", {0, 2})};
+      const Tensor y = test::run_node(op, {x}, attrs, 1, 13, 1).at(0);
+      const Tensor dy = test::random_tensor(y.shape(), 106);
+      const Tensor want = cpu_backward_inputs(op, 13, {x}, y, dy, attrs, {1}).at(0);
+      REQUIRE(want.defined());
+      test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::reduce_extreme_grad(3, dims, reduced, x.data<float>(), y.data<float>(), dy.data<float>(), dx, 4, c);
+      });
+    }
+    const Tensor xp = test::random_tensor({2, 3, 4, 5}, 107, -2, 2);
+    Tensor xt = xp.clone();
+    for (int64_t i = 0; i < xt.numel(); ++i) xt.data<float>()[i] = std::round(xt.data<float>()[i]);  // many ties
+    const Tensor y = test::run_node("GlobalMaxPool", {xt}, {}, 1, 13, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 108);
+    const Tensor want = cpu_backward_inputs("GlobalMaxPool", 13, {xt}, y, dy, {}, {1}).at(0);
+    const bool spatial[4] = {false, false, true, true};
+    const int64_t gdims[4] = {2, 3, 4, 5};
+    test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+      return cuda::host::reduce_extreme_grad(4, gdims, spatial, xt.data<float>(), nullptr, dy.data<float>(), dx, 6, c);
+    });
+  }
+  SECTION("PRelu: dX and the slope's gradient summed over the broadcast") {
+    Tensor x = test::random_tensor({2, 3, 4, 5}, 109);
+    x.data<float>()[3] = 0.0f;
+    const Tensor slope = test::random_tensor({3, 1, 1}, 110, 0.05f, 0.5f);
+    const Tensor y = test::run_node("PRelu", {x, slope}, {}, 1, 16, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 111);
+    const std::vector<Tensor> want = cpu_backward_inputs("PRelu", 16, {x, slope}, y, dy, {}, {1, 1});
+    REQUIRE(want.at(0).defined());
+    REQUIRE(want.at(1).defined());
+    Shape joined;
+    const cuda::Broadcast2 bc = plan::make_broadcast2(x.shape(), slope.shape(), &joined);
+    test::check_every_launch(want.at(0), 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+      return cuda::host::prelu_grad(bc, x.data<float>(), slope.data<float>(), dy.data<float>(), dx, nullptr, x.numel(), c);
+    });
+    const cuda::Broadcast2 back = plan::make_broadcast2(slope.shape(), x.shape(), &joined);
+    const std::vector<int64_t> in_dims = to_dims(back, slope.shape());
+    test::check_every_launch(want.at(1), 1e-5, 1e-6, [&](float* ds, const cuda::LaunchCtx& c) {
+      std::vector<float> term(static_cast<size_t>(x.numel()));
+      if (int st = cuda::host::prelu_grad(bc, x.data<float>(), slope.data<float>(), dy.data<float>(), nullptr, term.data(), x.numel(), c))
+        return st;
+      return cuda::host::sum_to_shape(back, in_dims.data(), term.data(), ds, slope.numel(), c);
+    });
+  }
+  SECTION("Where: each branch gets dY where the condition picks it, summed to its shape") {
+    const Tensor xb = test::random_tensor({3, 1, 5}, 112);
+    Tensor cond(DType::Bool, {4, 1});
+    const bool pattern[4] = {true, false, false, true};
+    for (int i = 0; i < 4; ++i) cond.data<bool>()[i] = pattern[i];
+    const Tensor yb = test::random_tensor({2, 1, 4, 5}, 113);
+    const Tensor y = test::run_node("Where", {cond, xb, yb}, {}, 1, 16, 1).at(0);
+    REQUIRE(y.shape() == Shape{2, 3, 4, 5});
+    const Tensor dy = test::random_tensor(y.shape(), 114);
+    const std::vector<Tensor> want = cpu_backward_inputs("Where", 16, {cond, xb, yb}, y, dy, {}, {0, 1, 1});
+    Shape joined;
+    const cuda::Broadcast2 cb = plan::make_broadcast2(cond.shape(), y.shape(), &joined);
+    for (int side = 1; side <= 2; ++side) {
+      INFO("branch " << side);
+      const Shape& in = side == 1 ? xb.shape() : yb.shape();
+      const cuda::Broadcast2 back = plan::make_broadcast2(in, y.shape(), &joined);
+      const std::vector<int64_t> in_dims = to_dims(back, in);
+      REQUIRE(want.at(static_cast<size_t>(side)).defined());
+      test::check_every_launch(want.at(static_cast<size_t>(side)), 1e-6, 1e-6, [&](float* d, const cuda::LaunchCtx& c) {
+        std::vector<float> masked(static_cast<size_t>(y.numel()));
+        if (int st = cuda::host::where_grad(cb, cond.data<bool>(), dy.data<float>(), masked.data(), y.numel(), side == 1, c))
+          return st;
+        return cuda::host::sum_to_shape(back, in_dims.data(), masked.data(), d, shape_numel(in), c);
+      });
+    }
+  }
+  SECTION("Expand: dY summed to the input's shape (SumToShapeBody)") {
+    const Tensor x = test::random_tensor({3, 1, 5}, 117);
+    const std::vector<Tensor> inputs = {x, Tensor::from<int64_t>({4}, {2, 3, 4, 1})};
+    const Tensor y = test::run_node("Expand", inputs, {}, 1, 13, 1).at(0);
+    REQUIRE(y.shape() == Shape{2, 3, 4, 5});
+    const Tensor dy = test::random_tensor(y.shape(), 118);
+    const Tensor want = cpu_backward_inputs("Expand", 13, inputs, y, dy, {}, {1, 0}).at(0);
+    REQUIRE(want.defined());
+    Shape joined;
+    const cuda::Broadcast2 back = plan::make_broadcast2(x.shape(), y.shape(), &joined);
+    const std::vector<int64_t> in_dims = to_dims(back, x.shape());
+    test::check_every_launch(want, 1e-6, 1e-6, [&](float* dx, const cuda::LaunchCtx& c) {
+      return cuda::host::sum_to_shape(back, in_dims.data(), dy.data<float>(), dx, x.numel(), c);
+    });
+  }
+  SECTION("Pad (constant): dX is the window of dY that X occupies") {
+    const Tensor x = test::random_tensor({2, 3, 4}, 115);
+    const std::vector<int64_t> pads = {0, 1, 2, 1, 0, 3};
+    const std::vector<Tensor> inputs = {x, Tensor::from<int64_t>({6}, pads)};
+    const Tensor y = test::run_node("Pad", inputs, {}, 1, 13, 1).at(0);
+    const Tensor dy = test::random_tensor(y.shape(), 116);
+    const Tensor want = cpu_backward_inputs("Pad", 13, inputs, y, dy, {}, {1, 0}).at(0);
+    REQUIRE(want.defined());
+    const cuda::StridedView v = plan::make_pad_grad_view(x.shape(), pads);
+    test::check_every_launch(want, 0, 0, [&](float* dx, const cuda::LaunchCtx& c) {
+      return cuda::host::strided_copy(v, dy.data<float>(), dx, x.numel(), c);
+    });
+    CHECK_THROWS_WITH(plan::make_pad_grad_view(x.shape(), {0, -1, 0, 0, 0, 0}), Catch::Contains("negative"));
+  }
+}
+
 TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape", "[cuda][host_bodies][train]") {
   // The gradient of an input that was broadcast in Add/Mul/...: dY summed over the broadcast
   // dimensions, checked against a plain double loop.

@@ -41,6 +41,39 @@ cuda::Broadcast2 make_broadcast2(const Shape& a, const Shape& b, Shape* out) {
   return bc;
 }
 
+cuda::StridedView make_broadcast_view(const Shape& from, const Shape& to) {
+  Shape joined;
+  const cuda::Broadcast2 bc = make_broadcast2(from, to, &joined);
+  if (joined != to) fail_input("shape {} does not broadcast to {} without changing it", shape_str(from), shape_str(to));
+  cuda::StridedView v;
+  v.rank = bc.rank;
+  for (int d = 0; d < bc.rank; ++d) {
+    v.dims[d] = bc.dims[d];
+    v.in_step[d] = bc.a_stride[d];
+  }
+  return v;
+}
+
+cuda::StridedView make_pad_grad_view(const Shape& x, const std::vector<int64_t>& pads) {
+  check_rank(x.size(), "Pad");
+  const size_t r = x.size();
+  if (pads.size() != 2 * r) fail_input("Pad: {} pads for rank {} (expected {})", pads.size(), r, 2 * r);
+  Shape y(r);
+  for (size_t d = 0; d < r; ++d) {
+    if (pads[d] < 0 || pads[d + r] < 0) fail_input("Pad: negative pads crop the input; not a view of dY");
+    y[d] = x[d] + pads[d] + pads[d + r];
+  }
+  const std::vector<int64_t> sy = row_major_strides(y);
+  cuda::StridedView v;
+  v.rank = static_cast<int>(r);
+  for (size_t d = 0; d < r; ++d) {
+    v.dims[d] = x[d];
+    v.in_step[d] = sy[d];
+    v.base += pads[d] * sy[d];
+  }
+  return v;
+}
+
 cuda::StridedView make_transpose_view(const Shape& in, const std::vector<int64_t>& perm_in, Shape* out) {
   check_rank(in.size(), "Transpose");
   std::vector<int64_t> perm = perm_in;

@@ -30,6 +30,16 @@ cuda::SliceGeom make_slice_grad_geom(const Shape& in, const std::vector<int64_t>
 // BadInput on a perm that is not a permutation of 0..rank-1.
 std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm, size_t rank);
 
+// The backward of a reduction (keepdims or not) or of a broadcast read: a view over `to` whose
+// element i reads `from` at the broadcast position (step 0 along the dimensions `from` has as 1 or
+// lacks). `from` must broadcast to `to` without changing it. BadInput otherwise.
+cuda::StridedView make_broadcast_view(const Shape& from, const Shape& to);
+
+// Pad's backward in constant mode: dX is the window of dY that X occupies. `pads` is ONNX's
+// [begin_0 .. begin_{r-1}, end_0 .. end_{r-1}] for every axis, all >= 0 (a negative pad crops X:
+// not a view; BadInput).
+cuda::StridedView make_pad_grad_view(const Shape& x, const std::vector<int64_t>& pads);
+
 // [outer, n, inner] view of `shape` around `axis` (negative counts from the end).
 struct AxisView {
   int64_t outer = 1, n = 1, inner = 1;
