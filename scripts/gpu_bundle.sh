@@ -30,9 +30,9 @@ out=${out:-$build_dir/gpu_bundle/mpq-gpu}
 limit=$((48 * 1024 * 1024))
 
 # Host-run (no GPU needed) and GPU tests of the CUDA backend.
-host_tests=(kernel_bodies_test quant_bodies_test train_bodies_test node_runner_test graph_runner_test cuda_executor_test cuda_conformance_test lib_descriptors_test cuda_plan_test
+host_tests=(kernel_bodies_test quant_bodies_test train_bodies_test backward_runner_test node_runner_test graph_runner_test cuda_executor_test cuda_conformance_test lib_descriptors_test cuda_plan_test
             cuda_node_plan_test cuda_allocator_test)
-gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_graph_runner_test gpu_executor_test gpu_conformance_test)
+gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_backward_runner_test gpu_graph_runner_test gpu_executor_test gpu_conformance_test)
 # The models the graph runner tests load (tests/cuda/model_cases.h), found through $MPQ_TEST_MODELS.
 runner_models=(resnet_bn_op13 resnet_bn_op17 mobilenetv3_op13 transformer_op13 unet_op13 tiny_bert)
 tests=("${host_tests[@]}" "${gpu_tests[@]}")

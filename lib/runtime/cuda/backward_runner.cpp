@@ -1,0 +1,389 @@
+#include "runtime/cuda/backward_runner.h"
+
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "runtime/cuda/device_tensor.h"
+#include "runtime/cuda/node_plan.h"
+#include "runtime/cuda/plan_shape.h"
+#include "runtime/cuda/status.h"
+
+namespace mpq::rt::gpu {
+
+using cuda_plan::LaunchKind;
+
+namespace {
+
+const float* cfp(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+float* mfp(Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+bool is_reshape_like(const std::string& op) {
+  return op == "Identity" || op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze";
+}
+
+// A broadcast input's dimensions aligned to the broadcast's rank (leading 1s).
+std::vector<int64_t> aligned_dims(const cuda::Broadcast2& bc, const Shape& in) {
+  std::vector<int64_t> d(static_cast<size_t>(bc.rank), 1);
+  for (size_t i = 0; i < in.size(); ++i) d[static_cast<size_t>(bc.rank) - in.size() + i] = in[i];
+  return d;
+}
+
+struct Backward {
+  const ir::Node& node;
+  int opset;
+  const BackwardCall& call;
+  KernelRuntime& rt;
+  cuda_plan::NodeLaunch l;
+  std::vector<Tensor> grads;
+
+  cuda::LaunchCtx ctx(int64_t work) const { return cuda::LaunchCtx{cuda::launch_shape_for(work, 256), rt.stream}; }
+  void check(int code, const char* what) const {
+    cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), node.name,
+                                 node.op_type);
+  }
+  void check_lib(const cuda::LibStatus& st) const {
+    if (st.ok()) return;
+    const auto lib = static_cast<cuda_plan::CudaLibrary>(st.library);
+    cuda_plan::fail_cuda_status(lib, st.code, st.call, lib == cuda_plan::CudaLibrary::Runtime ? rt.backend.error_text(st.code) : "",
+                                node.name, node.op_type);
+  }
+  [[noreturn]] void unsupported(const std::string& why) const {
+    fail_unsupported("{} (backward): {}", node.label(), why);
+  }
+  Tensor out(const Shape& s) const { return device_empty(rt.alloc, DType::Float32, s, rt.stream, node.name, node.op_type); }
+  Tensor workspace(size_t bytes) const {
+    return bytes ? device_empty(rt.alloc, DType::UInt8, Shape{static_cast<int64_t>(bytes)}, rt.stream, node.name, node.op_type)
+                 : Tensor();
+  }
+  static void* ws_ptr(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+  bool wanted(size_t i) const { return i < call.wanted.size() && call.wanted[i] && i < call.present.size() && call.present[i]; }
+  const Shape& in_shape(size_t i) const { return call.input_shapes.at(i); }
+  const Tensor& saved_input(size_t i) const {
+    if (i >= call.inputs.size() || !call.inputs[i].defined()) unsupported(fmt::format("input {} was not kept by the forward", i));
+    return call.inputs[i];
+  }
+  const Tensor& saved_output(size_t j) const {
+    if (j >= call.outputs.size() || !call.outputs[j].defined()) unsupported(fmt::format("output {} was not kept by the forward", j));
+    return call.outputs[j];
+  }
+  const Tensor& dy() const {
+    if (call.grad_outputs.empty() || !call.grad_outputs[0].defined())
+      fail_internal("{} (backward): no gradient for output 0", node.label());
+    return call.grad_outputs[0];
+  }
+
+  // g summed over the dimensions `shape` was broadcast along (an input's gradient).
+  Tensor sum_to(const Tensor& g, const Shape& shape) {
+    Tensor r = out(shape);
+    if (r.numel() == 0) return r;
+    Shape joined;
+    const cuda::Broadcast2 bc = cuda_plan::make_broadcast2(shape, g.shape(), &joined);
+    if (joined != g.shape())
+      fail_internal("{} (backward): input shape {} does not broadcast to {}", node.label(), shape_str(shape), shape_str(g.shape()));
+    const std::vector<int64_t> dims = aligned_dims(bc, shape);
+    check(rt.ops.sum_to_shape(bc, dims.data(), cfp(g), mfp(r), r.numel(), ctx(r.numel())), "sum-to-shape kernel launch");
+    return r;
+  }
+  void negate(Tensor& t) {
+    if (t.numel() > 0) check(rt.ops.unary(cuda::UnaryOp::Neg, 0, 0, cfp(t), mfp(t), t.numel(), ctx(t.numel())), "negate kernel launch");
+  }
+  // dY * other (other broadcast to dY's shape).
+  Tensor times(const Tensor& g, const Tensor& other) {
+    Tensor r = out(g.shape());
+    if (r.numel() == 0) return r;
+    Shape joined;
+    const cuda::Broadcast2 bc = cuda_plan::make_broadcast2(g.shape(), other.shape(), &joined);
+    if (joined != g.shape()) fail_internal("{} (backward): operand does not broadcast to dY", node.label());
+    check(rt.ops.binary(cuda::BinaryOp::Mul, bc, cfp(g), cfp(other), mfp(r), r.numel(), ctx(r.numel())), "multiply kernel launch");
+    return r;
+  }
+
+  void arithmetic() {
+    const std::string& op = node.op_type;
+    const Tensor& g = dy();
+    for (size_t i : {size_t{0}, size_t{1}}) {
+      if (!wanted(i)) continue;
+      if (op == "Mul") {
+        grads[i] = sum_to(times(g, saved_input(1 - i)), in_shape(i));
+      } else {
+        grads[i] = sum_to(g, in_shape(i));
+        if (op == "Sub" && i == 1) negate(grads[i]);
+      }
+    }
+  }
+
+  void conv() {
+    if (l.kind != LaunchKind::Conv) unsupported(l.reason);
+    const Tensor& g = dy();
+    const auto ws_for = [&](cuda_plan::ConvDirection d, size_t* bytes) {
+      check_lib(rt.ops.conv_backward_workspace(l.conv, d, bytes, ctx(g.numel())));
+    };
+    if (wanted(0)) {
+      grads[0] = out(in_shape(0));
+      if (grads[0].numel() > 0) {
+        size_t bytes = 0;
+        ws_for(cuda_plan::ConvDirection::BackwardData, &bytes);
+        Tensor ws = workspace(bytes);
+        check_lib(rt.ops.conv_backward_data(l.conv, cfp(saved_input(1)), cfp(g), mfp(grads[0]), ws_ptr(ws), bytes, ctx(grads[0].numel())));
+      }
+    }
+    if (wanted(1)) {
+      grads[1] = out(in_shape(1));
+      if (grads[1].numel() > 0) {
+        size_t bytes = 0;
+        ws_for(cuda_plan::ConvDirection::BackwardFilter, &bytes);
+        Tensor ws = workspace(bytes);
+        check_lib(rt.ops.conv_backward_filter(l.conv, cfp(saved_input(0)), cfp(g), mfp(grads[1]), ws_ptr(ws), bytes, ctx(grads[1].numel())));
+      }
+    }
+    if (wanted(2)) {
+      const int64_t n = g.dim(0), m = g.dim(1), spatial = m * n > 0 ? g.numel() / (n * m) : 0;
+      grads[2] = out(in_shape(2));
+      if (m > 0) check(rt.ops.channel_grad_sum(n, m, spatial, cfp(g), mfp(grads[2]), ctx(m)), "bias gradient kernel launch");
+    }
+  }
+
+  // The forward GEMM of Gemm / MatMul as a request (packed operands), or Unsupported.
+  cuda_plan::GemmRequest gemm_request() const {
+    cuda_plan::GemmRequest r;
+    const Shape& a = in_shape(0);
+    const Shape& b = in_shape(1);
+    if (node.op_type == "Gemm") {
+      if (node.attr_float("alpha", 1.0f) != 1.0f || node.attr_float("beta", 1.0f) != 1.0f) unsupported("alpha or beta other than 1");
+      if (a.size() != 2 || b.size() != 2) unsupported("Gemm operands must be 2-D");
+      r.trans_a = node.attr_int("transA", 0) != 0;
+      r.trans_b = node.attr_int("transB", 0) != 0;
+      r.m = r.trans_a ? a[1] : a[0];
+      r.k = r.trans_a ? a[0] : a[1];
+      r.n = r.trans_b ? b[0] : b[1];
+      return r;
+    }
+    if (a.size() < 2 || b.size() < 2) unsupported("1-D MatMul operands");
+    r.k = a.back();
+    r.n = b.back();
+    if (b.size() == 2) {  // batch folded into M
+      r.m = shape_numel(Shape(a.begin(), a.end() - 1));
+      return r;
+    }
+    if (Shape(a.begin(), a.end() - 2) != Shape(b.begin(), b.end() - 2)) unsupported("MatMul with broadcast batch dimensions");
+    r.m = a[a.size() - 2];
+    r.batch = shape_numel(Shape(a.begin(), a.end() - 2));
+    if (r.batch < 1) unsupported("empty MatMul batch");
+    return r;
+  }
+
+  void gemm_grad(const cuda_plan::GemmGradRequest& gr, const Tensor& other, Tensor& result) {
+    const cuda_plan::GemmPlan p = cuda_plan::plan_gemm(gr.request);
+    if (!p.use_cublaslt) unsupported(p.fallback_reason);
+    if (result.numel() == 0) return;
+    const Tensor& g = dy();
+    const Tensor& first = gr.grad_first ? g : other;
+    const Tensor& second = gr.grad_first ? other : g;
+    Tensor ws = workspace(p.workspace_bytes);
+    check_lib(rt.ops.gemm(p, first.raw_data(), second.raw_data(), result.raw_data(), ws_ptr(ws), p.workspace_bytes, ctx(result.numel())));
+  }
+
+  void matmul() {
+    const cuda_plan::GemmRequest f = gemm_request();
+    const cuda_plan::MatmulGradRequests g = cuda_plan::plan_matmul_grad(f);
+    if (wanted(0)) {
+      grads[0] = out(in_shape(0));
+      gemm_grad(g.da, saved_input(1), grads[0]);
+    }
+    if (wanted(1)) {
+      grads[1] = out(in_shape(1));
+      gemm_grad(g.db, saved_input(0), grads[1]);
+    }
+    if (node.op_type == "Gemm" && wanted(2)) grads[2] = sum_to(dy(), in_shape(2));
+  }
+
+  void pool() {
+    if (l.kind != LaunchKind::Pool2d) unsupported(l.reason);
+    if (!wanted(0)) return;
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() == 0) return;
+    const float* x = l.pool_max ? cfp(saved_input(0)) : nullptr;
+    check(rt.ops.pool2d_grad(l.pool_max, l.count_include_pad, l.pool, x, cfp(dy()), mfp(grads[0]), ctx(grads[0].numel())),
+          "pool backward kernel launch");
+  }
+
+  // ReduceSum / ReduceMean / GlobalAveragePool: dY broadcast back over `reduced`, divided.
+  void broadcast_back(const std::vector<bool>& reduced, bool mean) {
+    if (!wanted(0)) return;
+    const Shape& xs = in_shape(0);
+    Shape kept = xs;
+    int64_t count = 1;
+    for (size_t d = 0; d < xs.size(); ++d)
+      if (reduced[d]) {
+        count *= xs[d];
+        kept[d] = 1;
+      }
+    grads[0] = out(xs);
+    if (grads[0].numel() == 0) return;
+    const cuda::StridedView v = cuda_plan::make_broadcast_view(kept, xs);
+    check(rt.ops.broadcast_divide(v, mean ? static_cast<float>(count) : 1.0f, cfp(dy()), mfp(grads[0]), grads[0].numel(),
+                                  ctx(grads[0].numel())),
+          "broadcast backward kernel launch");
+  }
+
+  std::vector<bool> reduce_axes() const {
+    const size_t rank = in_shape(0).size();
+    std::vector<int64_t> axes;
+    if (node.has_attr("axes")) {
+      axes = node.attr_ints("axes");
+    } else if (call.present.size() > 1 && call.present[1]) {
+      if (call.host_inputs.size() < 2 || !call.host_inputs[1]) unsupported("axes computed on the device");
+      const Tensor& t = *call.host_inputs[1];
+      for (int64_t i = 0; i < t.numel(); ++i) axes.push_back(static_cast<int64_t>(t.get_double(i)));
+    }
+    std::vector<bool> reduced(rank, false);
+    if (axes.empty()) {
+      if (node.attr_int("noop_with_empty_axes", 0) != 0) unsupported("noop_with_empty_axes");
+      reduced.assign(rank, true);
+      return reduced;
+    }
+    for (int64_t a : axes) {
+      const int64_t ax = a < 0 ? a + static_cast<int64_t>(rank) : a;
+      if (ax < 0 || ax >= static_cast<int64_t>(rank)) fail_input("{} (backward): axis {} out of range", node.label(), a);
+      reduced[static_cast<size_t>(ax)] = true;
+    }
+    return reduced;
+  }
+
+  void global_max() {
+    if (!wanted(0)) return;
+    const Shape& xs = in_shape(0);
+    if (xs.size() < 3 || xs.size() > static_cast<size_t>(cuda::kMaxRank)) unsupported("rank outside 3..8");
+    grads[0] = out(xs);
+    if (grads[0].numel() == 0) return;
+    int64_t dims[cuda::kMaxRank];
+    bool reduced[cuda::kMaxRank];
+    for (size_t d = 0; d < xs.size(); ++d) {
+      dims[d] = xs[d];
+      reduced[d] = d >= 2;
+    }
+    check(rt.ops.reduce_extreme_grad(static_cast<int>(xs.size()), dims, reduced, cfp(saved_input(0)), nullptr, cfp(dy()),
+                                     mfp(grads[0]), xs[0] * xs[1], ctx(xs[0] * xs[1])),
+          "global max pool backward kernel launch");
+  }
+
+  void softmax() {
+    if (l.kind != LaunchKind::Softmax) unsupported(l.reason);
+    if (!wanted(0)) return;
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() == 0) return;
+    check(rt.ops.softmax_grad(l.log_softmax, cfp(saved_output(0)), cfp(dy()), mfp(grads[0]), l.axis.outer, l.axis.n, l.axis.inner,
+                              ctx(l.axis.outer * l.axis.inner)),
+          "softmax backward kernel launch");
+  }
+
+  void clip() {
+    if (!wanted(0)) return;
+    float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
+    if (opset < 11) {
+      lo = node.attr_float("min", lo);
+      hi = node.attr_float("max", hi);
+    } else {
+      for (size_t i : {size_t{1}, size_t{2}}) {
+        if (i >= call.present.size() || !call.present[i]) continue;
+        if (i >= call.host_inputs.size() || !call.host_inputs[i]) unsupported("Clip bounds computed on the device");
+        const Tensor& b = *call.host_inputs[i];
+        if (b.numel() != 1) fail_input("{} (backward): {} must be a scalar", node.label(), i == 1 ? "min" : "max");
+        (i == 1 ? lo : hi) = static_cast<float>(b.get_double(0));
+      }
+    }
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() == 0) return;
+    check(rt.ops.clip_grad(cfp(saved_input(0)), cfp(dy()), mfp(grads[0]), grads[0].numel(), lo, hi, ctx(grads[0].numel())),
+          "clip backward kernel launch");
+  }
+
+  void transpose() {
+    if (!wanted(0)) return;
+    const std::vector<int64_t> inverse = cuda_plan::inverse_permutation(node.attr_ints("perm"), in_shape(0).size());
+    Shape back;
+    const cuda::StridedView v = cuda_plan::make_transpose_view(dy().shape(), inverse, &back);
+    if (back != in_shape(0)) fail_internal("{} (backward): transposed gradient has shape {}", node.label(), shape_str(back));
+    grads[0] = out(back);
+    if (grads[0].numel() > 0)
+      check(rt.ops.strided_copy(v, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())), "transpose kernel launch");
+  }
+
+  void reshape_like() {
+    if (!wanted(0)) return;
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() != dy().numel()) fail_internal("{} (backward): gradient size differs from the input's", node.label());
+    if (grads[0].numel() > 0)
+      check(rt.ops.unary(cuda::UnaryOp::Identity, 0, 0, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())),
+            "copy kernel launch");
+  }
+
+  void unary() {
+    if (!wanted(0)) return;
+    // The body reads X and Y; each derivative uses the one the CPU engine keeps for the op, so the
+    // other pointer may stand in for a value that was not kept.
+    const bool have_x = !call.inputs.empty() && call.inputs[0].defined();
+    const bool have_y = !call.outputs.empty() && call.outputs[0].defined();
+    if (!have_x && !have_y) unsupported("neither X nor Y was kept by the forward");
+    const float* x = cfp(have_x ? call.inputs[0] : call.outputs[0]);
+    const float* y = cfp(have_y ? call.outputs[0] : call.inputs[0]);
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() > 0)
+      check(rt.ops.unary_grad(l.unary, l.alpha, x, y, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())),
+            "unary backward kernel launch");
+  }
+
+  std::vector<Tensor> run() {
+    const std::string& op = node.op_type;
+    grads.assign(call.input_shapes.size(), Tensor());
+    if (!node.domain.empty()) unsupported("no device backward for " + node.domain + "::" + op + " yet");
+    if (is_reshape_like(op)) reshape_like();
+    else if (op == "Add" || op == "Sub" || op == "Mul") arithmetic();
+    else if (op == "Conv") conv();
+    else if (op == "Gemm" || op == "MatMul") matmul();
+    else if (op == "MaxPool" || op == "AveragePool") pool();
+    else if (op == "GlobalAveragePool") broadcast_back(spatial_dims(), true);
+    else if (op == "GlobalMaxPool") global_max();
+    else if (op == "ReduceSum" || op == "ReduceMean") broadcast_back(reduce_axes(), op == "ReduceMean");
+    else if (op == "Softmax" || op == "LogSoftmax") softmax();
+    else if (op == "Clip") clip();
+    else if (op == "Transpose") transpose();
+    else if (l.kind == LaunchKind::Unary) unary();
+    else unsupported("no device backward for " + op + " yet");
+    return grads;
+  }
+  std::vector<bool> spatial_dims() const {
+    std::vector<bool> r(in_shape(0).size(), false);
+    for (size_t d = 2; d < r.size(); ++d) r[d] = true;
+    return r;
+  }
+};
+
+}  // namespace
+
+std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const BackwardCall& call, KernelRuntime& rt) {
+  auto device_only = [&](const std::vector<Tensor>& ts, const char* what) {
+    for (const Tensor& t : ts)
+      if (t.defined() && t.device() != Device::CUDA)
+        fail_internal("{} (backward): {} given on the {}; copies must be explicit", node.label(), what, device_name(t.device()));
+  };
+  device_only(call.inputs, "an input");
+  device_only(call.outputs, "an output");
+  device_only(call.grad_outputs, "an output gradient");
+  if (call.present.size() != call.input_shapes.size())
+    fail_internal("{} (backward): {} presence flags for {} input shapes", node.label(), call.present.size(), call.input_shapes.size());
+  // The forward's plan gives the geometry (pooling windows, softmax axis, the cuDNN plan, the
+  // unary op code) exactly as the forward ran it.
+  std::vector<DType> dtypes(call.input_shapes.size(), DType::Undefined);
+  std::vector<const Tensor*> known(call.input_shapes.size(), nullptr);
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (!call.present[i]) continue;
+    known[i] = i < call.host_inputs.size() ? call.host_inputs[i] : nullptr;
+    dtypes[i] = known[i] ? known[i]->dtype() : (i < call.inputs.size() && call.inputs[i].defined() ? call.inputs[i].dtype() : DType::Float32);
+  }
+  Backward b{node, opset, call, rt, cuda_plan::plan_node(node, opset, call.input_shapes, dtypes, known), {}};
+  return b.run();
+}
+
+}  // namespace mpq::rt::gpu
