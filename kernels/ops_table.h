@@ -41,7 +41,7 @@ struct OpsTable {
   LibStatus (*conv_backward_filter)(const rt::cuda_plan::ConvPlan&, const float*, const float*, float*, void*, size_t,
                                     const LaunchCtx&);
   // Training entries (kernels/bodies/linalg.cuh, train.cuh, spatial.cuh): the backward bodies the
-  // CUDA backward runner (runtime/cuda/backward_runner.h) calls.
+  // CUDA backward runner (train/cuda/backward_runner.h) calls.
   int (*channel_grad_sum)(int64_t, int64_t, int64_t, const float*, float*, const LaunchCtx&);
   int (*unary_grad)(UnaryOp, float, const float*, const float*, const float*, float*, int64_t, const LaunchCtx&);
   int (*softmax_grad)(bool, const float*, const float*, float*, int64_t, int64_t, int64_t, const LaunchCtx&);
@@ -49,6 +49,8 @@ struct OpsTable {
   int (*sum_to_shape)(const Broadcast2&, const int64_t*, const float*, float*, int64_t, const LaunchCtx&);
   int (*clip_grad)(const float*, const float*, float*, int64_t, float, float, const LaunchCtx&);
   int (*broadcast_divide)(const StridedView&, float, const float*, float*, int64_t, const LaunchCtx&);
+  int (*fake_quant_backward)(const QuantLayout&, const float*, const float*, float*, double*, const LaunchCtx&);
+  int (*channel_sum)(int64_t, int64_t, int64_t, const double*, const double*, float*, const LaunchCtx&);
   int (*reduce_extreme_grad)(int, const int64_t*, const bool*, const float*, const float*, const float*, float*, int64_t,
                              const LaunchCtx&);
   void (*release_stream)(void*);

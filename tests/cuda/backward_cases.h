@@ -1,7 +1,7 @@
 #pragma once
 // Shared by backward_runner_test (host kernel table, host memory) and gpu_backward_runner_test
 // (GPU launchers, cuDNN / cuBLASLt, device memory): one node's backward through
-// rt::gpu::run_backward_node, given exactly the forward values the CPU training engine keeps for
+// train::gpu::run_backward_node, given exactly the forward values the CPU training engine keeps for
 // the op (its GradDef's saved inputs and outputs, so a runner that reads anything else fails),
 // compared with mpq's CPU backward kernel.
 #include <catch2/catch.hpp>
@@ -9,7 +9,7 @@
 #include "cpu_backward.h"
 #include "host_grid.h"
 #include "node_cases.h"
-#include "runtime/cuda/backward_runner.h"
+#include "train/cuda/backward_runner.h"
 
 namespace mpq::test {
 
@@ -20,31 +20,35 @@ struct GradCase {
   Attrs attrs;
   int opset;
   std::vector<char> wanted;
+  std::string domain = "";  // mpq's own ops: "mpq", opset 1
 };
 
 // The forward on the CPU, then the backward both ways: the CPU backward kernel, and the runner
 // with `table` and `mem` given what the CPU engine keeps; every wanted gradient compared.
 inline void check_backward(const cuda::OpsTable& table, DeviceMemoryBackend& mem, const GradCase& c, uint32_t seed,
                            double rtol, double atol) {
-  INFO(c.op << " (opset " << c.opset << ")");
-  const Tensor y = test::run_node(c.op, c.inputs, c.attrs, 1, c.opset, 1).at(0);
+  INFO(c.domain << (c.domain.empty() ? "" : "::") << c.op << " (opset " << c.opset << ")");
+  const Tensor y = test::run_node(c.op, c.inputs, c.attrs, 1, c.opset, 1, c.domain).at(0);
   const Tensor dy = test::random_tensor(y.shape(), seed);
-  const std::vector<Tensor> want = cpu_backward_inputs(c.op, c.opset, c.inputs, y, dy, c.attrs, c.wanted);
+  const std::vector<Tensor> want = cpu_backward_inputs(c.op, c.opset, c.inputs, y, dy, c.attrs, c.wanted, {}, false, c.domain);
 
-  const train::GradDef* def = train::GradRegistry::global().find("", c.op, c.opset, rt::BackendKind::CPU);
+  const int op_opset = c.domain.empty() ? c.opset : 1;
+  const train::GradDef* def = train::GradRegistry::global().find(c.domain, c.op, op_opset, rt::BackendKind::CPU);
   REQUIRE(def);
   CachingAllocator alloc(mem);
   KernelRuntime krt{table, alloc, mem, nullptr};
   ir::Model model;
   model.set_opset("", c.opset);
+  if (!c.domain.empty()) model.set_opset(c.domain, 1);
   ir::Graph* g = model.graph.get();
   std::vector<ir::Value*> ins;
   for (size_t i = 0; i < c.inputs.size(); ++i) ins.push_back(c.inputs[i].defined() ? g->add_value("in" + std::to_string(i)) : nullptr);
   ir::Node* node = g->add_node(c.op, ins, {g->add_value("y")}, "node_under_test");
+  node->domain = c.domain;
   for (const auto& a : c.attrs) node->set_attr(a);
 
   {
-    rt::gpu::BackwardCall call;
+    train::gpu::BackwardCall call;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       const Tensor& t = c.inputs[i];
       const bool present = t.defined();
@@ -57,7 +61,7 @@ inline void check_backward(const cuda::OpsTable& table, DeviceMemoryBackend& mem
     call.outputs.push_back(train::in_mask(def->saved_outputs, 0) ? to_device(y, alloc, mem, nullptr, "y", "Output") : Tensor());
     call.grad_outputs.push_back(to_device(dy, alloc, mem, nullptr, "dy", "Gradient"));
     call.wanted = c.wanted;
-    const std::vector<Tensor> got = rt::gpu::run_backward_node(*node, c.opset, call, krt);
+    const std::vector<Tensor> got = train::gpu::run_backward_node(*node, op_opset, call, krt);
     REQUIRE(got.size() == c.inputs.size());
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       INFO("input " << i);
@@ -120,6 +124,14 @@ inline std::vector<GradCase> backward_cases() {
       {"Flatten", {x4}, {A::make_int("axis", 2)}, 13, {1}},
       {"Reshape", {x4, i64({2}, {6, -1})}, {}, 14, {1, 0}},
       {"Unsqueeze", {x4, i64({1}, {0})}, {}, 13, {1, 0}},
+      {"Div", {f({2, 3, 4}, 33), f({3, 1}, 34, 0.5f, 2.0f)}, {}, 14, {1, 1}},
+      {"Concat", {f({2, 3, 4}, 35), f({2, 5, 4}, 36), f({2, 1, 4}, 37)}, {A::make_int("axis", -2)}, 13, {1, 0, 1}},
+      // Per channel with zero points, clipping on both sides (values beyond the range), and per tensor.
+      {"FakeQuant", {f({2, 3, 5, 4}, 38, -3, 3), Tensor::from<float>({3}, {0.02f, 0.05f, 0.1f}), Tensor::from<int32_t>({3}, {0, 2, -1})},
+       {A::make_int("qmin", -8), A::make_int("qmax", 7), A::make_int("axis", 1)}, 13, {1, 1, 0}, "mpq"},
+      {"FakeQuant", {f({3, 7}, 39, -2, 2), Tensor::scalar<float>(0.03f)}, {A::make_int("qmin", -128), A::make_int("qmax", 127)}, 13,
+       {0, 1}, "mpq"},
+      {"FakeQuantBias", {f({6}, 40), Tensor::scalar<float>(0.05f), f({6}, 41, 0.01f, 0.1f)}, {}, 13, {1, 0, 0}, "mpq"},
   };
 }
 

@@ -15,19 +15,22 @@ namespace mpq::test {
 
 // The gradients of a one-node model's inputs (undefined tensors: absent optional inputs) from the
 // CPU backward kernel, with output 0 and its dY given; `wanted` marks the inputs whose gradient
-// the engine asks for; `stash` is what the op's training forward would have kept for it.
+// the engine asks for; `stash` is what the op's training forward would have kept for it; `domain`
+// (opset 1) for mpq's own ops.
 inline std::vector<Tensor> cpu_backward_inputs(const std::string& op, int opset, const std::vector<Tensor>& inputs, const Tensor& y,
                                         const Tensor& dy, const std::vector<ir::Attribute>& attrs,
                                         const std::vector<char>& wanted, const std::vector<Tensor>& stash = {},
-                                        bool training = false) {
+                                        bool training = false, const std::string& domain = "") {
   ir::Model model;
   model.set_opset("", opset);
+  if (!domain.empty()) model.set_opset(domain, 1);
   ir::Graph* g = model.graph.get();
   std::vector<ir::Value*> ins;
   for (size_t i = 0; i < inputs.size(); ++i) ins.push_back(inputs[i].defined() ? g->add_value("in" + std::to_string(i)) : nullptr);
   ir::Node* node = g->add_node(op, ins, {g->add_value("y")}, "node_under_test");
+  node->domain = domain;
   for (const auto& a : attrs) node->set_attr(a);
-  const train::GradDef* def = train::GradRegistry::global().find("", op, opset, rt::BackendKind::CPU);
+  const train::GradDef* def = train::GradRegistry::global().find(domain, op, domain.empty() ? opset : 1, rt::BackendKind::CPU);
   REQUIRE(def);
   rt::ThreadPool pool(1);
   train::GradContext ctx(*node, opset, pool);

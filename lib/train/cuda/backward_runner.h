@@ -8,7 +8,8 @@
 //
 // Ops with a device backward: the unary ops of the forward planner (Relu, Sigmoid, Tanh, Exp, Log,
 // Neg, Abs, Sqrt, Erf, Gelu, Reciprocal, HardSigmoid, HardSwish), Identity / Flatten / Reshape /
-// Squeeze / Unsqueeze, Add / Sub / Mul (numpy broadcasting), Conv (1-3-D, cuDNN backward-data and
+// Squeeze / Unsqueeze, Add / Sub / Mul / Div (numpy broadcasting), Concat, mpq::FakeQuant (the
+// STE mask and LSQ's scale gradient) and mpq::FakeQuantBias, Conv (1-3-D, cuDNN backward-data and
 // backward-filter; bias per channel), Gemm (alpha = beta = 1) and MatMul (equal batches, or a 2-D B),
 // 2-D MaxPool / AveragePool, GlobalAveragePool / GlobalMaxPool, Softmax / LogSoftmax, Clip (bounds
 // known on the host), ReduceSum / ReduceMean (axes known on the host) and Transpose. Anything else,
@@ -23,7 +24,9 @@
 #include "ir/graph.h"
 #include "runtime/cuda/node_runner.h"
 
-namespace mpq::rt::gpu {
+namespace mpq::train::gpu {
+
+using rt::gpu::KernelRuntime;
 
 // What the engine kept from the node's forward. Vectors are per input / output of the node.
 struct BackwardCall {
@@ -39,4 +42,4 @@ struct BackwardCall {
 // dL/dX_i (device, FP32) for every wanted input, undefined elsewhere.
 std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const BackwardCall& call, KernelRuntime& rt);
 
-}  // namespace mpq::rt::gpu
+}  // namespace mpq::train::gpu

@@ -1,17 +1,21 @@
-#include "runtime/cuda/backward_runner.h"
+#include "train/cuda/backward_runner.h"
 
 #include <limits>
 #include <string>
 
+#include "calib/quant_ref.h"
 #include "core/error.h"
+#include "runtime/cpu/fake_quant.h"
 #include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/node_plan.h"
 #include "runtime/cuda/plan_shape.h"
 #include "runtime/cuda/status.h"
 
-namespace mpq::rt::gpu {
+namespace mpq::train::gpu {
 
+namespace cuda_plan = rt::cuda_plan;
 using cuda_plan::LaunchKind;
+using rt::gpu::device_empty;
 
 namespace {
 
@@ -110,6 +114,92 @@ struct Backward {
         grads[i] = sum_to(g, in_shape(i));
         if (op == "Sub" && i == 1) negate(grads[i]);
       }
+    }
+  }
+
+  // Div: dA = sum_to(dY / B), dB = -sum_to(dY * A / B^2) (from the saved inputs, as the CPU).
+  Tensor binary_op(cuda::BinaryOp op, const Tensor& a, const Tensor& b) {
+    Shape joined;
+    const cuda::Broadcast2 bc = cuda_plan::make_broadcast2(a.shape(), b.shape(), &joined);
+    Tensor r = out(joined);
+    if (r.numel() > 0) check(rt.ops.binary(op, bc, cfp(a), cfp(b), mfp(r), r.numel(), ctx(r.numel())), "binary kernel launch");
+    return r;
+  }
+  void divide() {
+    const Tensor& g = dy();
+    const Tensor& b = saved_input(1);
+    const Tensor g_over_b = binary_op(cuda::BinaryOp::Div, g, b);
+    if (wanted(0)) grads[0] = sum_to(g_over_b, in_shape(0));
+    if (wanted(1)) {
+      const Tensor t = binary_op(cuda::BinaryOp::Div, binary_op(cuda::BinaryOp::Mul, g_over_b, saved_input(0)), b);
+      grads[1] = sum_to(t, in_shape(1));
+      negate(grads[1]);
+    }
+  }
+
+  // mpq::FakeQuant: the straight-through estimator with the clipping mask for X, and LSQ's
+  // step-size gradient for the scale (per-element terms, a fixed-order per-channel sum times
+  // calib::lsq_grad_scale_ref). The zero point is fixed.
+  void fake_quant() {
+    if (l.kind != LaunchKind::FakeQuant) unsupported(l.reason);
+    const bool want_x = wanted(0), want_s = wanted(1);
+    if (!want_x && !want_s) return;
+    const Tensor& x = saved_input(0);
+    const int64_t channels = l.axis.n;
+    // The zero points as int32, on the host (LSQ's factor) and on the device (the body).
+    Tensor zp_host = Tensor::zeros(DType::Int32, Shape{channels});
+    if (call.present.size() > 2 && call.present[2]) {
+      const Tensor h = rt::gpu::to_host(saved_input(2), rt.backend, rt.stream, node.name, node.op_type);
+      if (h.numel() != channels && h.numel() != 1) fail_input("{} (backward): {} zero points for {} scales", node.label(), h.numel(), channels);
+      for (int64_t c = 0; c < channels; ++c) zp_host.data<int32_t>()[c] = static_cast<int32_t>(h.get_double(h.numel() == 1 ? 0 : c));
+    }
+    const Tensor zp = rt::gpu::to_device(zp_host, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
+    cuda::QuantLayout q;
+    q.outer = l.axis.outer;
+    q.channels = channels;
+    q.inner = l.axis.inner;
+    q.scale = cfp(saved_input(1));
+    q.zero_point = static_cast<const int32_t*>(zp.raw_data());
+    q.qmin = static_cast<int32_t>(node.attr_int("qmin", -128));
+    q.qmax = static_cast<int32_t>(node.attr_int("qmax", 127));
+    const int64_t n = x.numel();
+    Tensor dx = out(in_shape(0));  // written even when only the scale's gradient is wanted
+    Tensor terms = want_s ? device_empty(rt.alloc, DType::Float64, Shape{n}, rt.stream, node.name, node.op_type) : Tensor();
+    if (n > 0)
+      check(rt.ops.fake_quant_backward(q, cfp(x), cfp(dy()), mfp(dx), want_s ? static_cast<double*>(terms.raw_data()) : nullptr, ctx(n)),
+            "fake-quant backward kernel launch");
+    if (want_x) grads[0] = dx;
+    if (want_s) {
+      Tensor factor(DType::Float64, Shape{channels});
+      for (int64_t c = 0; c < channels; ++c)
+        factor.data<double>()[c] = calib::lsq_grad_scale_ref(q.outer * q.inner, zp_host.data<int32_t>()[c], q.qmax);
+      const Tensor factor_dev = rt::gpu::to_device(factor, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
+      grads[1] = out(in_shape(1));
+      if (channels > 0)
+        check(rt.ops.channel_sum(q.outer, channels, q.inner, n > 0 ? static_cast<const double*>(terms.raw_data()) : nullptr,
+                                 static_cast<const double*>(factor_dev.raw_data()), mfp(grads[1]), ctx(channels)),
+              "scale gradient kernel launch");
+    }
+  }
+
+  // Concat: each input's gradient is its slab of dY along the axis.
+  void concat() {
+    const Tensor& g = dy();
+    const int64_t rank = static_cast<int64_t>(g.rank());
+    int64_t axis = node.attr_int("axis", 0);
+    if (axis < 0) axis += rank;
+    int64_t offset = 0;
+    for (size_t i = 0; i < call.input_shapes.size(); ++i) {
+      const int64_t part = in_shape(i).at(static_cast<size_t>(axis));
+      if (wanted(i)) {
+        Shape sliced;
+        const cuda::StridedView v = cuda_plan::make_slice_view(g.shape(), {offset}, {offset + part}, {axis}, {1}, &sliced);
+        if (sliced != in_shape(i)) fail_internal("{} (backward): slab of shape {} for input {}", node.label(), shape_str(sliced), i);
+        grads[i] = out(sliced);
+        if (grads[i].numel() > 0)
+          check(rt.ops.strided_copy(v, cfp(g), mfp(grads[i]), grads[i].numel(), ctx(grads[i].numel())), "slab copy kernel launch");
+      }
+      offset += part;
     }
   }
 
@@ -337,8 +427,12 @@ struct Backward {
   std::vector<Tensor> run() {
     const std::string& op = node.op_type;
     grads.assign(call.input_shapes.size(), Tensor());
-    if (!node.domain.empty()) unsupported("no device backward for " + node.domain + "::" + op + " yet");
-    if (is_reshape_like(op)) reshape_like();
+    if (node.domain == rt::cpu::kFakeQuantDomain && op == rt::cpu::kFakeQuantOp) fake_quant();
+    else if (node.domain == rt::cpu::kFakeQuantDomain && op == rt::cpu::kFakeQuantBiasOp) reshape_like();  // passes dY
+    else if (!node.domain.empty()) unsupported("no device backward for " + node.domain + "::" + op + " yet");
+    else if (is_reshape_like(op)) reshape_like();
+    else if (op == "Div") divide();
+    else if (op == "Concat") concat();
     else if (op == "Add" || op == "Sub" || op == "Mul") arithmetic();
     else if (op == "Conv") conv();
     else if (op == "Gemm" || op == "MatMul") matmul();
@@ -386,4 +480,4 @@ std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const Bac
   return b.run();
 }
 
-}  // namespace mpq::rt::gpu
+}  // namespace mpq::train::gpu
