@@ -61,9 +61,10 @@ int qat_command(const QatOpts& o) {
   if (o.every > 0 && o.checkpoint.empty()) fail_input("--every needs --checkpoint DIR");
   if (o.weight_bits == 4 && o.activation_type != "int8" && o.activation_type != "uint8")
     fail_input("--activation-type must be int8 or uint8");
-  if (rt::resolve_device(o.device) != rt::BackendKind::CPU)
-    fail_unsupported("qat-finetune runs on the CPU in this build (the CUDA training path is not available yet); "
-                     "use --device cpu or auto");
+  const rt::BackendKind device = rt::resolve_device(o.device);
+  if (device == rt::BackendKind::CUDA && o.amp != "off")
+    fail_unsupported("--amp {} with --device cuda: mixed precision on the GPU is not written yet; use --amp off or "
+                     "--device cpu", o.amp);
   refuse_overwrite_input(o.model, o.output);
   const fs::path out_dir = fs::path(o.output).has_parent_path() ? fs::path(o.output).parent_path() : fs::path(".");
   if (!fs::is_directory(out_dir)) fail_input("{}: output folder {} does not exist", o.output, out_dir.string());
@@ -93,6 +94,7 @@ int qat_command(const QatOpts& o) {
   q.learn_scales = !o.fixed_scales;
   q.freeze_ranges_after = o.freeze_ranges_after;
   q.amp = train::parse_amp(o.amp);
+  q.device = device;
   q.threads = o.threads;
   q.seed = o.seed;
   q.checkpoint_dir = o.checkpoint;
@@ -238,7 +240,9 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
   sub.add_option("--freeze-ranges-after", o->freeze_ranges_after, "stop training the step sizes after this many steps");
   sub.add_option("--amp", o->amp, "mixed precision: off (default), fp16 (with dynamic loss scaling) or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
-  sub.add_option("--device", o->device, "cpu (default), auto (the CPU) or cuda (refused: training on the GPU is not written yet)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_option("--device", o->device,
+                 "cpu (default), auto (the CPU) or cuda (the student's forward and backward and the teacher on the GPU, "
+                 "FP32 only; parameters and optimizer on the host; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");

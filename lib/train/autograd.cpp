@@ -7,9 +7,17 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kernels/ops_table.h"
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/device_tensor.h"
+#include "runtime/cuda/node_plan.h"
+#include "runtime/cuda/node_runner.h"
+#include "runtime/cuda/plan_shape.h"
+#include "runtime/cuda/status.h"
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
+#include "train/cuda/backward_runner.h"
 #include "train/grads/grad_util.h"
 
 namespace mpq::train {
@@ -133,6 +141,57 @@ struct Step {
   bool ran = false;
 };
 
+// AutogradOptions::device == CUDA: the plugin's context (or the tests' kernel table and memory),
+// the kernel runtime over it, and the device copies of the constant initializers (uploaded once).
+struct DevicePath {
+  std::unique_ptr<rt::gpu::CudaContext> context;
+  std::unique_ptr<rt::gpu::CachingAllocator> test_allocator;
+  std::unique_ptr<rt::gpu::KernelRuntime> runtime;
+  rt::gpu::FallbackLog own_log;
+  rt::gpu::FallbackLog* log = &own_log;
+  std::unordered_map<int, Tensor> constants;
+
+  DevicePath(const AutogradOptions& o, rt::ThreadPool& pool) {
+    if ((o.cuda_ops == nullptr) != (o.cuda_memory == nullptr))
+      fail_internal("AutogradOptions: cuda_ops and cuda_memory go together");
+    if (o.cuda_ops) {
+      test_allocator = std::make_unique<rt::gpu::CachingAllocator>(*o.cuda_memory);
+      runtime.reset(new rt::gpu::KernelRuntime{*o.cuda_ops, *test_allocator, *o.cuda_memory, nullptr});
+    } else {
+      context = std::make_unique<rt::gpu::CudaContext>();
+      runtime.reset(new rt::gpu::KernelRuntime{context->ops(), context->allocator(), context->backend(), context->stream()});
+      log = &context->fallbacks();
+    }
+    runtime->cpu_pool = &pool;
+  }
+  ~DevicePath() {
+    constants.clear();  // device buffers go back before the allocator and the stream do
+    runtime.reset();
+  }
+  bool on_device(const Tensor& t) const { return t.defined() && t.device() == Device::CUDA; }
+  Tensor upload(const Tensor& t, const std::string& name, const char* what) {
+    if (!t.defined() || on_device(t) || t.dtype() == DType::String) return t;
+    return rt::gpu::to_device(t, runtime->alloc, runtime->backend, runtime->stream, name, what);
+  }
+  Tensor download(const Tensor& t, const std::string& name, const char* what) {
+    if (!on_device(t)) return t;
+    return rt::gpu::to_host(t, runtime->backend, runtime->stream, name, what);
+  }
+  // a + b (same shape) as a new device tensor.
+  Tensor add(const Tensor& a, const Tensor& b, const std::string& name) {
+    Tensor r = rt::gpu::device_empty(runtime->alloc, DType::Float32, a.shape(), runtime->stream, name, "gradient sum");
+    if (r.numel() == 0) return r;
+    Shape joined;
+    const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2(a.shape(), b.shape(), &joined);
+    const int code = runtime->ops.binary(cuda::BinaryOp::Add, bc, static_cast<const float*>(a.raw_data()),
+                                         static_cast<const float*>(b.raw_data()), static_cast<float*>(r.raw_data()), r.numel(),
+                                         cuda::LaunchCtx{cuda::launch_shape_for(r.numel(), 256), runtime->stream});
+    rt::cuda_plan::check_cuda_status(rt::cuda_plan::CudaLibrary::Runtime, code, "gradient sum kernel launch",
+                                     runtime->backend.error_text(code), name, "gradient sum");
+    return r;
+  }
+};
+
 }  // namespace
 
 struct Autograd::Impl {
@@ -141,6 +200,8 @@ struct Autograd::Impl {
   const rt::OpRegistry& kernels;
   const GradRegistry& grads;
   rt::ThreadPool pool;
+  // Device mode; declared before the values and steps so that their device buffers go first.
+  std::unique_ptr<DevicePath> dev;
 
   std::unordered_map<std::string, int> slot_of;
   std::vector<const ir::Value*> slot_values;
@@ -169,6 +230,21 @@ struct Autograd::Impl {
         grads(options.grads ? *options.grads : GradRegistry::global()),
         pool(options.threads) {
     plan();
+    if (options.device == rt::BackendKind::CUDA) {
+      if (options.amp != Amp::Off)
+        fail_unsupported("mixed precision on the GPU is not written yet: train with --amp off, or on the CPU");
+      dev = std::make_unique<DevicePath>(options, pool);
+    } else if (options.device != rt::BackendKind::CPU) {
+      fail_unsupported("the training engine runs on the CPU or CUDA only");
+    }
+  }
+  ~Impl() {
+    // Saved device values and gradients first, then the device path (allocator, stream).
+    steps.clear();
+    env.clear();
+    low_cache.clear();
+    input_grad_values.clear();
+    dev.reset();
   }
 
   int slot(const ir::Value* v) {
@@ -335,22 +411,181 @@ struct Autograd::Impl {
     step_base = host_bytes_in_use();
     host_reset_peak();
 
-    for (Step& st : steps) run_forward_step(st);
+    if (dev) {
+      // Constants once per engine; parameters, running state and feeds every forward.
+      for (size_t s = 0; s < env.size(); ++s) {
+        if (!env[s].defined()) continue;
+        const std::string& name = slot_values[s]->name();
+        const bool constant = param_of_slot[s] < 0 && state_of_slot[s] < 0 && slot_values[s]->has_initializer();
+        if (constant) {
+          Tensor& cached = dev->constants[static_cast<int>(s)];
+          if (!cached.defined()) cached = dev->upload(env[s], name, "Initializer");
+          env[s] = cached;
+        } else {
+          env[s] = dev->upload(env[s], name, "Input");
+        }
+      }
+    }
+    for (Step& st : steps) dev ? run_forward_step_device(st) : run_forward_step(st);
     have_forward = true;
     std::vector<Tensor> out;
     for (int s : output_slots) {
       if (!env[static_cast<size_t>(s)].defined())
         fail_input("output '{}' was not computed", slot_values[static_cast<size_t>(s)]->name());
-      out.push_back(env[static_cast<size_t>(s)]);
+      out.push_back(dev ? dev->download(env[static_cast<size_t>(s)], slot_values[static_cast<size_t>(s)]->name(), "Output")
+                        : env[static_cast<size_t>(s)]);
     }
     return out;
   }
 
-  void run_forward_step(Step& st) {
+  // What a step's CPU kernel produced.
+  struct CpuRun {
+    std::vector<Tensor> outs;
+    std::vector<Tensor> stash;
+    std::vector<std::pair<size_t, Tensor>> updates;
+  };
+
+  // Runs the step's CPU kernel (or its training forward) on `ins`.
+  CpuRun compute_on_cpu(Step& st, const std::vector<const Tensor*>& ins) {
     const ir::Node& n = *st.node;
     rt::KernelContext ctx(n, st.opset, pool, nullptr);
-    auto& ins = ctx.mutable_inputs();
-    ins.assign(st.inputs.size(), nullptr);
+    ctx.mutable_inputs() = ins;
+    ctx.mutable_outputs().resize(st.outputs.size());
+    std::unique_ptr<TrainForwardKernel> train_kernel;
+    if (st.gdef && st.gdef->train_forward) train_kernel = std::make_unique<TrainForwardKernel>(st.gdef->train_forward, options.training);
+    try {
+      rt::OpKernel& k = train_kernel ? static_cast<rt::OpKernel&>(*train_kernel) : *st.kernel;
+      const bool native = !train_kernel && st.kdef->native_low_precision;
+      if (!native && rt::any_low_precision(ins)) rt::run_in_float32(k, ctx);
+      else k.compute(ctx);
+    } catch (const Error& e) {
+      const std::string label = n.label();
+      if (std::string(e.what()).find(label) != std::string::npos) throw;
+      throw Error(e.kind(), label + ": " + e.what());
+    } catch (const std::bad_alloc&) {
+      fail_input("{}: out of memory", n.label());
+    }
+    CpuRun r;
+    r.outs = std::move(ctx.mutable_outputs());
+    if (train_kernel) {
+      r.stash = std::move(train_kernel->stash);
+      r.updates = std::move(train_kernel->updates);
+    }
+    return r;
+  }
+
+  // The step's bookkeeping after its outputs exist: running state, what the backward keeps, the
+  // values into the environment, releases.
+  void record(Step& st, const std::vector<const Tensor*>& ins, CpuRun& r) {
+    const ir::Node& n = *st.node;
+    for (auto& [i, value] : r.updates) store_state(st, i, dev ? dev->download(value, n.name, "running state") : std::move(value));
+    if (st.backward) {
+      st.ran = true;
+      st.present.assign(st.inputs.size(), 0);
+      st.in_shapes.assign(st.inputs.size(), Shape{});
+      st.seen_dtype.assign(st.inputs.size(), DType::Undefined);
+      st.saved_in.assign(st.inputs.size(), Tensor());
+      for (size_t i = 0; i < st.inputs.size(); ++i) {
+        if (!ins[i]) continue;
+        st.present[i] = 1;
+        st.in_shapes[i] = ins[i]->shape();
+        st.seen_dtype[i] = ins[i]->dtype();
+        if (in_mask(st.gdef->saved_inputs, i)) st.saved_in[i] = *ins[i];
+      }
+      st.stash = std::move(r.stash);
+      st.out_shapes.assign(st.outputs.size(), Shape{});
+      st.saved_out.assign(st.outputs.size(), Tensor());
+    }
+    auto& outs = r.outs;
+    for (size_t j = 0; j < st.outputs.size(); ++j) {
+      const int s = st.outputs[j];
+      if (s < 0) continue;
+      if (j >= outs.size() || !outs[j].defined()) fail_internal("{}: kernel did not produce output {}", n.label(), j);
+      if (st.backward) {
+        st.out_shapes[j] = outs[j].shape();
+        if (in_mask(st.gdef->saved_outputs, j)) st.saved_out[j] = outs[j];
+      }
+      slot_dtype[static_cast<size_t>(s)] = outs[j].dtype();
+      env[static_cast<size_t>(s)] = std::move(outs[j]);
+    }
+    for (int s : st.release) env[static_cast<size_t>(s)] = Tensor();
+  }
+
+  // The host tensor of a constant (non-trained, non-state) initializer, for the device planner.
+  const Tensor* host_constant(int s) const {
+    if (s < 0) return nullptr;
+    const ir::Value* v = slot_values[static_cast<size_t>(s)];
+    if (!v->has_initializer() || param_of_slot[static_cast<size_t>(s)] >= 0 || state_of_slot[static_cast<size_t>(s)] >= 0) return nullptr;
+    return &v->initializer();
+  }
+
+  // Device mode: the node's planned kernel on device tensors, or its CPU kernel with copies.
+  void run_forward_step_device(Step& st) {
+    const ir::Node& n = *st.node;
+    const size_t ni = st.inputs.size();
+    std::vector<Tensor> ins(ni);
+    for (size_t i = 0; i < ni; ++i) {
+      const int s = st.inputs[i];
+      if (s < 0) continue;
+      ins[i] = env[static_cast<size_t>(s)];
+      if (!ins[i].defined())
+        fail_internal("{}: input '{}' has no value at run time", n.label(), slot_values[static_cast<size_t>(s)]->name());
+    }
+    std::vector<const Tensor*> ptrs(ni, nullptr);
+    for (size_t i = 0; i < ni; ++i)
+      if (ins[i].defined()) ptrs[i] = &ins[i];
+    CpuRun r;
+    std::string reason;
+    bool done = false;
+    bool all_on_device = true;
+    for (const Tensor& t : ins)
+      if (t.defined() && !dev->on_device(t)) all_on_device = false;
+    if (st.gdef && st.gdef->train_forward) {
+      reason = "its training forward runs on the CPU";
+    } else if (!all_on_device) {
+      reason = "an input lives on the host";
+    } else {
+      std::vector<Shape> shapes(ni);
+      std::vector<DType> dtypes(ni, DType::Undefined);
+      std::vector<const Tensor*> known(ni, nullptr);
+      for (size_t i = 0; i < ni; ++i) {
+        if (!ins[i].defined()) continue;
+        shapes[i] = ins[i].shape();
+        dtypes[i] = ins[i].dtype();
+        known[i] = host_constant(st.inputs[i]);
+      }
+      const rt::cuda_plan::NodeLaunch l = rt::cuda_plan::plan_node(n, st.opset, shapes, dtypes, known);
+      if (l.kind == rt::cuda_plan::LaunchKind::Fallback) {
+        reason = l.reason;
+      } else {
+        try {
+          r.outs = rt::gpu::run_planned_node(l, n, ins, *dev->runtime);
+          done = true;
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::Unsupported) throw;
+          reason = e.what();
+        }
+      }
+    }
+    if (!done) {
+      dev->log->note(n.op_type, reason);
+      std::vector<Tensor> host(ni);
+      std::vector<const Tensor*> hptrs(ni, nullptr);
+      for (size_t i = 0; i < ni; ++i)
+        if (ins[i].defined()) {
+          host[i] = dev->download(ins[i], n.name, n.op_type.c_str());
+          hptrs[i] = &host[i];
+        }
+      r = compute_on_cpu(st, hptrs);
+      for (Tensor& t : r.outs) t = dev->upload(t, n.name, n.op_type.c_str());
+    }
+    // The backward keeps the device inputs (the originals), not the host copies.
+    record(st, ptrs, r);
+  }
+
+  void run_forward_step(Step& st) {
+    const ir::Node& n = *st.node;
+    std::vector<const Tensor*> ins(st.inputs.size(), nullptr);
     for (size_t i = 0; i < st.inputs.size(); ++i) {
       const int s = st.inputs[i];
       if (s < 0) continue;
@@ -369,60 +604,8 @@ struct Autograd::Impl {
         ins[i] = &cast[i];
       }
     }
-    ctx.mutable_outputs().resize(st.outputs.size());
-    TrainForwardKernel* train_kernel = nullptr;
-    std::unique_ptr<TrainForwardKernel> train_holder;
-    if (st.gdef && st.gdef->train_forward) {
-      train_holder = std::make_unique<TrainForwardKernel>(st.gdef->train_forward, options.training);
-      train_kernel = train_holder.get();
-    }
-    try {
-      rt::OpKernel& k = train_kernel ? static_cast<rt::OpKernel&>(*train_kernel) : *st.kernel;
-      const bool native = !train_kernel && st.kdef->native_low_precision;
-      if (!native && rt::any_low_precision(ins)) rt::run_in_float32(k, ctx);
-      else k.compute(ctx);
-    } catch (const Error& e) {
-      const std::string label = n.label();
-      if (std::string(e.what()).find(label) != std::string::npos) throw;
-      throw Error(e.kind(), label + ": " + e.what());
-    } catch (const std::bad_alloc&) {
-      fail_input("{}: out of memory", n.label());
-    }
-    if (train_kernel) {
-      for (auto& [i, value] : train_kernel->updates) store_state(st, i, std::move(value));
-    }
-    if (st.backward) {
-      st.ran = true;
-      st.present.assign(st.inputs.size(), 0);
-      st.in_shapes.assign(st.inputs.size(), Shape{});
-      st.seen_dtype.assign(st.inputs.size(), DType::Undefined);
-      st.saved_in.assign(st.inputs.size(), Tensor());
-      for (size_t i = 0; i < st.inputs.size(); ++i) {
-        if (!ins[i]) continue;
-        st.present[i] = 1;
-        st.in_shapes[i] = ins[i]->shape();
-        st.seen_dtype[i] = ins[i]->dtype();
-        if (in_mask(st.gdef->saved_inputs, i)) st.saved_in[i] = *ins[i];
-      }
-      if (train_kernel) st.stash = std::move(train_kernel->stash);
-    }
-    auto& outs = ctx.mutable_outputs();
-    if (st.backward) {
-      st.out_shapes.assign(st.outputs.size(), Shape{});
-      st.saved_out.assign(st.outputs.size(), Tensor());
-    }
-    for (size_t j = 0; j < st.outputs.size(); ++j) {
-      const int s = st.outputs[j];
-      if (s < 0) continue;
-      if (!outs[j].defined()) fail_internal("{}: kernel did not produce output {}", n.label(), j);
-      if (st.backward) {
-        st.out_shapes[j] = outs[j].shape();
-        if (in_mask(st.gdef->saved_outputs, j)) st.saved_out[j] = outs[j];
-      }
-      slot_dtype[static_cast<size_t>(s)] = outs[j].dtype();
-      env[static_cast<size_t>(s)] = std::move(outs[j]);
-    }
-    for (int s : st.release) env[static_cast<size_t>(s)] = Tensor();
+    CpuRun r = compute_on_cpu(st, ins);
+    record(st, ins, r);
   }
 
   void store_state(const Step& st, size_t i, Tensor value) {
@@ -460,7 +643,9 @@ struct Autograd::Impl {
       if (output_grads[i].shape() != out.shape())
         fail_input("gradient of output '{}' has shape {}, the output has {}", output_names[i],
                    shape_str(output_grads[i].shape()), shape_str(out.shape()));
-      accumulate(grad, s, grad_util::convert(output_grads[i], slot_dtype[static_cast<size_t>(s)]));
+      Tensor g = grad_util::convert(output_grads[i], slot_dtype[static_cast<size_t>(s)]);
+      if (dev) g = dev->upload(g, output_names[i], "output gradient");
+      accumulate(grad, s, std::move(g));
     }
     env.clear();  // graph outputs and constants; saved values live in the steps
     low_cache.clear();
@@ -471,34 +656,29 @@ struct Autograd::Impl {
       bool any = false;
       for (int s : st.outputs)
         if (s >= 0 && grad[static_cast<size_t>(s)].defined()) any = true;
-      if (any) run_backward_step(st, grad);
+      if (any) dev ? run_backward_step_device(st, grad) : run_backward_step(st, grad);
       for (int s : st.outputs)
         if (s >= 0) grad[static_cast<size_t>(s)] = Tensor();
       clear_saved(st);
     }
     if (options.input_grads) {
       input_grad_values.clear();
-      for (int s : input_slots) input_grad_values.push_back(grad[static_cast<size_t>(s)]);
+      for (int s : input_slots)
+        input_grad_values.push_back(dev ? dev->download(grad[static_cast<size_t>(s)], slot_values[static_cast<size_t>(s)]->name(), "input gradient")
+                                        : grad[static_cast<size_t>(s)]);
     }
     step_peak = host_peak_bytes() > step_base ? host_peak_bytes() - step_base : 0;
   }
 
-  void run_backward_step(Step& st, std::vector<Tensor>& grad) {
+  // The step's CPU backward kernel on host tensors (float32 or float64): the input gradients.
+  std::vector<Tensor> cpu_backward(Step& st, std::vector<Tensor> ins, std::vector<Tensor> outs, std::vector<Tensor> gouts) {
     const ir::Node& n = *st.node;
     GradContext ctx(n, st.opset, pool);
     ctx.set_training(options.training);
-    const size_t ni = st.inputs.size(), no = st.outputs.size();
-    auto widen = [](const Tensor& t) { return t.defined() ? rt::widen_to_float32(t) : t; };
-    auto& ins = ctx.mutable_inputs();
-    ins.resize(ni);
-    for (size_t i = 0; i < ni; ++i) ins[i] = widen(st.saved_in[i]);
-    auto& outs = ctx.mutable_outputs();
-    outs.resize(no);
-    for (size_t j = 0; j < no; ++j) outs[j] = widen(st.saved_out[j]);
-    auto& gouts = ctx.mutable_grad_outputs();
-    gouts.resize(no);
-    for (size_t j = 0; j < no; ++j)
-      if (st.outputs[j] >= 0) gouts[j] = widen(grad[static_cast<size_t>(st.outputs[j])]);
+    const size_t ni = st.inputs.size();
+    ctx.mutable_inputs() = std::move(ins);
+    ctx.mutable_outputs() = std::move(outs);
+    ctx.mutable_grad_outputs() = std::move(gouts);
     ctx.mutable_stash() = st.stash;
     ctx.mutable_input_shapes() = st.in_shapes;
     ctx.mutable_output_shapes() = st.out_shapes;
@@ -520,11 +700,24 @@ struct Autograd::Impl {
     } catch (const std::bad_alloc&) {
       fail_input("{} (backward): out of memory", n.label());
     }
-    auto& g = ctx.mutable_grads();
+    std::vector<Tensor> g = std::move(ctx.mutable_grads());
+    for (size_t i = 0; i < ni; ++i)
+      if (st.wanted[i] && (i >= g.size() || !g[i].defined()))
+        fail_internal("{} (backward): no gradient produced for input {}", n.label(), i);
+    return g;
+  }
+
+  void run_backward_step(Step& st, std::vector<Tensor>& grad) {
+    const size_t ni = st.inputs.size(), no = st.outputs.size();
+    auto widen = [](const Tensor& t) { return t.defined() ? rt::widen_to_float32(t) : t; };
+    std::vector<Tensor> ins(ni), outs(no), gouts(no);
+    for (size_t i = 0; i < ni; ++i) ins[i] = widen(st.saved_in[i]);
+    for (size_t j = 0; j < no; ++j) outs[j] = widen(st.saved_out[j]);
+    for (size_t j = 0; j < no; ++j)
+      if (st.outputs[j] >= 0) gouts[j] = widen(grad[static_cast<size_t>(st.outputs[j])]);
+    std::vector<Tensor> g = cpu_backward(st, std::move(ins), std::move(outs), std::move(gouts));
     for (size_t i = 0; i < ni; ++i) {
       if (!st.wanted[i]) continue;
-      if (i >= g.size() || !g[i].defined())
-        fail_internal("{} (backward): no gradient produced for input {}", n.label(), i);
       const int s = st.inputs[i];
       // Through the autocast conversion: rounded to the type the kernel saw, then to the value's.
       Tensor gi = grad_util::convert(g[i], st.seen_dtype[i]);
@@ -533,16 +726,66 @@ struct Autograd::Impl {
     }
   }
 
+  // Device mode: the node's backward through the backward runner, or its CPU backward kernel with
+  // copies (logged once per op type).
+  void run_backward_step_device(Step& st, std::vector<Tensor>& grad) {
+    const ir::Node& n = *st.node;
+    const size_t ni = st.inputs.size(), no = st.outputs.size();
+    std::vector<Tensor> g;
+    gpu::BackwardCall call;
+    call.present = st.present;
+    call.input_shapes = st.in_shapes;
+    call.wanted = st.wanted;
+    call.inputs = st.saved_in;
+    call.outputs = st.saved_out;
+    call.grad_outputs.resize(no);
+    for (size_t j = 0; j < no; ++j)
+      if (st.outputs[j] >= 0) call.grad_outputs[j] = grad[static_cast<size_t>(st.outputs[j])];
+    for (size_t i = 0; i < ni; ++i) call.host_inputs.push_back(host_constant(st.inputs[i]));
+    bool on_device = st.stash.empty();
+    for (const auto* list : {&call.inputs, &call.outputs, &call.grad_outputs})
+      for (const Tensor& t : *list)
+        if (t.defined() && !dev->on_device(t)) on_device = false;
+    std::string reason = "its training forward kept host values";
+    if (on_device) {
+      try {
+        g = gpu::run_backward_node(n, st.opset, call, *dev->runtime);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::Unsupported) throw;
+        reason = e.what();
+        on_device = false;
+      }
+    }
+    if (!on_device) {
+      dev->log->note(n.op_type + " (backward)", reason);
+      std::vector<Tensor> ins(ni), outs(no), gouts(no);
+      for (size_t i = 0; i < ni; ++i) ins[i] = dev->download(st.saved_in[i], n.name, "saved input");
+      for (size_t j = 0; j < no; ++j) outs[j] = dev->download(st.saved_out[j], n.name, "saved output");
+      for (size_t j = 0; j < no; ++j) gouts[j] = dev->download(call.grad_outputs[j], n.name, "gradient");
+      g = cpu_backward(st, std::move(ins), std::move(outs), std::move(gouts));
+      for (Tensor& t : g) t = dev->upload(t, n.name, "gradient");
+    }
+    for (size_t i = 0; i < ni; ++i) {
+      if (!st.wanted[i]) continue;
+      if (i >= g.size() || !g[i].defined()) fail_internal("{} (backward): no gradient produced for input {}", n.label(), i);
+      accumulate(grad, st.inputs[i], std::move(g[i]));
+    }
+  }
+
   void accumulate(std::vector<Tensor>& grad, int s, Tensor g) {
     const int p = param_of_slot[static_cast<size_t>(s)];
     if (p >= 0) {
       Parameter& param = params[static_cast<size_t>(p)];
+      if (dev) g = dev->download(g, param.name, "parameter gradient");
       grad_util::add_into(pool, param.grad, grad_util::convert(g, param.grad.dtype()));
       return;
     }
     if (!requires_grad[static_cast<size_t>(s)]) return;
     Tensor& acc = grad[static_cast<size_t>(s)];
-    acc = acc.defined() ? grad_util::add(pool, acc, g) : std::move(g);
+    if (!acc.defined()) acc = std::move(g);
+    else if (dev && dev->on_device(acc) && dev->on_device(g)) acc = dev->add(acc, g, slot_values[static_cast<size_t>(s)]->name());
+    else if (dev) acc = dev->add(dev->upload(acc, "", "gradient"), dev->upload(g, "", "gradient"), slot_values[static_cast<size_t>(s)]->name());
+    else acc = grad_util::add(pool, acc, g);
   }
 };
 

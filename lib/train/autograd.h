@@ -25,6 +25,13 @@
 #include "train/amp.h"
 #include "train/grad_registry.h"
 
+namespace mpq::cuda {
+struct OpsTable;
+}
+namespace mpq::rt::gpu {
+struct DeviceMemoryBackend;
+}
+
 namespace mpq::train {
 
 struct AutogradOptions {
@@ -40,6 +47,16 @@ struct AutogradOptions {
   bool input_grads = false;
   const rt::OpRegistry* kernels = nullptr;  // nullptr: rt::OpRegistry::global()
   const GradRegistry* grads = nullptr;      // nullptr: GradRegistry::global()
+  // BackendKind::CUDA: forward and backward on the GPU (the CUDA plugin's context; with
+  // MPQ_CUDA_EMULATE=host its host kernel table and host memory). Each node runs its planned
+  // kernel (runtime/cuda/node_runner.h) and its backward through train/cuda/backward_runner.h,
+  // activations and gradients stay in device memory; a node either cannot take runs its CPU
+  // kernel with explicit copies. Parameters, their gradients and the optimizer stay on the host
+  // (uploaded per forward, gradients downloaded once per backward). FP32 only (amp must be off).
+  rt::BackendKind device = rt::BackendKind::CPU;
+  // Tests: a kernel table and memory in place of the plugin's (both or neither).
+  const cuda::OpsTable* cuda_ops = nullptr;
+  rt::gpu::DeviceMemoryBackend* cuda_memory = nullptr;
 };
 
 struct Parameter {

@@ -234,6 +234,7 @@ QatResult qat_finetune(const QatOptions& o) {
   ao.amp = o.amp;
   ao.training = false;  // BatchNorm is folded; any left over keeps its running statistics
   ao.trainable = trainable;
+  ao.device = o.device;
   Autograd engine(student, ao);
   Groups groups = param_groups(engine.parameters(), scale_names, o.weight_decay);
   res.trainable_scales = static_cast<int64_t>(groups.scales.size());
@@ -292,6 +293,7 @@ QatResult qat_finetune(const QatOptions& o) {
   // ---- 5. training
   rt::ExecOptions teacher_opts;
   teacher_opts.threads = o.threads;
+  teacher_opts.backend = o.device;
   rt::Executor teacher(fp32, teacher_opts);
   const bool distill = o.loss != "ce", ce = o.loss != "distill";
   std::vector<int64_t> perm;

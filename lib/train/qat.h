@@ -20,6 +20,7 @@
 #include "calib/range_methods.h"
 #include "ir/graph.h"
 #include "passes/insert_qdq.h"
+#include "runtime/kernel.h"
 #include "train/amp.h"
 
 namespace mpq::train {
@@ -55,6 +56,9 @@ struct QatOptions {
   bool learn_scales = true;
   int64_t freeze_ranges_after = -1;  // >= 0: step sizes stop training after this many steps
   Amp amp = Amp::Off;
+  // CUDA: the student's forward and backward and the teacher's runs on the GPU (AutogradOptions::
+  // device); parameters, loss and optimizer on the host. FP32 only.
+  rt::BackendKind device = rt::BackendKind::CPU;
   int threads = 0;
   uint64_t seed = 0;
   std::filesystem::path checkpoint_dir;
