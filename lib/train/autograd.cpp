@@ -233,6 +233,14 @@ struct Autograd::Impl {
     if (options.device == rt::BackendKind::CUDA) {
       if (options.amp != Amp::Off)
         fail_unsupported("mixed precision on the GPU is not written yet: train with --amp off, or on the CPU");
+      // The device kernels and backward bodies are FP32 (float64 gradient checks and FP16/BF16
+      // models train on the CPU).
+      for (const ir::Value* v : slot_values) {
+        const DType t = v->has_initializer() ? v->initializer().dtype() : v->type.elem;
+        if (is_float(t) && t != DType::Float32)
+          fail_unsupported("training on the GPU takes FP32 models only: '{}' is {}; train on the CPU (--device cpu)", v->name(),
+                           dtype_name(t));
+      }
       dev = std::make_unique<DevicePath>(options, pool);
     } else if (options.device != rt::BackendKind::CPU) {
       fail_unsupported("the training engine runs on the CPU or CUDA only");
@@ -416,7 +424,8 @@ struct Autograd::Impl {
       for (size_t s = 0; s < env.size(); ++s) {
         if (!env[s].defined()) continue;
         const std::string& name = slot_values[s]->name();
-        const bool constant = param_of_slot[s] < 0 && state_of_slot[s] < 0 && slot_values[s]->has_initializer();
+        const bool constant = param_of_slot[s] < 0 && state_of_slot[s] < 0 && slot_values[s]->has_initializer() &&
+                              !slot_values[s]->is_graph_input();  // a feed may replace an input's default
         if (constant) {
           Tensor& cached = dev->constants[static_cast<int>(s)];
           if (!cached.defined()) cached = dev->upload(env[s], name, "Initializer");
@@ -515,7 +524,9 @@ struct Autograd::Impl {
   const Tensor* host_constant(int s) const {
     if (s < 0) return nullptr;
     const ir::Value* v = slot_values[static_cast<size_t>(s)];
-    if (!v->has_initializer() || param_of_slot[static_cast<size_t>(s)] >= 0 || state_of_slot[static_cast<size_t>(s)] >= 0) return nullptr;
+    if (!v->has_initializer() || v->is_graph_input() || param_of_slot[static_cast<size_t>(s)] >= 0 ||
+        state_of_slot[static_cast<size_t>(s)] >= 0)
+      return nullptr;
     return &v->initializer();
   }
 
@@ -614,6 +625,7 @@ struct Autograd::Impl {
     const ir::Value* v = slot_values[static_cast<size_t>(s)];
     if (!v->has_initializer() || v->is_graph_input() || param_of_slot[static_cast<size_t>(s)] >= 0) return;
     int& k = state_of_slot[static_cast<size_t>(s)];
+    if (dev) dev->constants.erase(s);  // running state: uploaded every forward from now on
     if (k < 0) {
       k = static_cast<int>(state.size());
       state.push_back({v->name(), Tensor()});
@@ -746,7 +758,7 @@ struct Autograd::Impl {
     for (const auto* list : {&call.inputs, &call.outputs, &call.grad_outputs})
       for (const Tensor& t : *list)
         if (t.defined() && !dev->on_device(t)) on_device = false;
-    std::string reason = "its training forward kept host values";
+    std::string reason = st.stash.empty() ? "a value it reads lives on the host" : "its training forward kept host values";
     if (on_device) {
       try {
         g = gpu::run_backward_node(n, st.opset, call, *dev->runtime);
@@ -827,6 +839,10 @@ void Autograd::write_back(ir::Model& model) const {
   for (const Parameter& p : impl_->params) store(p.name, p.value);
   for (const StateBuffer& b : impl_->state)
     if (b.value.defined()) store(b.name, b.value);
+}
+
+std::set<std::string> Autograd::device_fallbacks() const {
+  return impl_->dev ? impl_->dev->log->ops() : std::set<std::string>{};
 }
 
 MemoryStats Autograd::memory() const {

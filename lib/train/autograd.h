@@ -16,6 +16,7 @@
 // copies made once per forward, and gradients reach the masters through the same casts, rounded to
 // the low type on the way, as PyTorch's autocast does.
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,9 @@ class Autograd {
   void write_back(ir::Model& model) const;
 
   MemoryStats memory() const;
+  // Device mode: the op types that ran on the CPU with copies ("Op" for a forward, "Op (backward)"
+  // for a backward), each logged once. Empty on the CPU.
+  std::set<std::string> device_fallbacks() const;
   const std::vector<std::string>& output_names() const;
   rt::ThreadPool& pool();
   bool training() const;

@@ -75,7 +75,8 @@ inline void check_backward(const cuda::OpsTable& table, DeviceMemoryBackend& mem
       const Tensor h = to_host(got[i], mem, nullptr, "grad", "Gradient");
       REQUIRE(h.shape() == want[i].shape());
       const int64_t bad = test::first_mismatch(h.data<float>(), want[i].data<float>(), h.numel(), rtol, atol);
-      if (bad >= 0) INFO("element " << bad << ": got " << h.data<float>()[bad] << ", expected " << want[i].data<float>()[bad]);
+      INFO("first mismatch at element " << bad << ": got " << (bad >= 0 ? h.data<float>()[bad] : 0.0f) << ", expected "
+                                        << (bad >= 0 ? want[i].data<float>()[bad] : 0.0f));
       CHECK(bad == -1);
     }
   }

@@ -264,9 +264,9 @@ struct Backward {
   }
 
   void gemm_grad(const cuda_plan::GemmGradRequest& gr, const Tensor& other, Tensor& result) {
+    if (result.numel() == 0) return;
     const cuda_plan::GemmPlan p = cuda_plan::plan_gemm(gr.request);
     if (!p.use_cublaslt) unsupported(p.fallback_reason);
-    if (result.numel() == 0) return;
     const Tensor& g = dy();
     const Tensor& first = gr.grad_first ? g : other;
     const Tensor& second = gr.grad_first ? other : g;
@@ -427,6 +427,11 @@ struct Backward {
   std::vector<Tensor> run() {
     const std::string& op = node.op_type;
     grads.assign(call.input_shapes.size(), Tensor());
+    // The bodies are FP32: anything else (float64 gradient checks, FP16 values) is the CPU's.
+    for (const auto* list : {&call.inputs, &call.outputs, &call.grad_outputs})
+      for (const Tensor& t : *list)
+        if (t.defined() && (t.dtype() == DType::Float64 || t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16))
+          unsupported(fmt::format("{} values (the device backward is FP32)", dtype_name(t.dtype())));
     if (node.domain == rt::cpu::kFakeQuantDomain && op == rt::cpu::kFakeQuantOp) fake_quant();
     else if (node.domain == rt::cpu::kFakeQuantDomain && op == rt::cpu::kFakeQuantBiasOp) reshape_like();  // passes dY
     else if (!node.domain.empty()) unsupported("no device backward for " + node.domain + "::" + op + " yet");

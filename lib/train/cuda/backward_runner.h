@@ -16,8 +16,8 @@
 // or a case outside what the forward planner takes, throws Unsupported naming the node: the engine
 // then runs the CPU backward kernel with explicit copies.
 //
-// Not yet run on a GPU (written after the H100 session; docs/gpu.md). No training engine calls it
-// yet: autograd still runs on the CPU.
+// Not yet run on a GPU (written after the H100 session; docs/gpu.md). The training engine's device
+// mode (AutogradOptions::device = CUDA) calls it for every node on a gradient path.
 #include <vector>
 
 #include "core/tensor.h"
