@@ -245,98 +245,107 @@ void release_stream(void* stream) {
   s.handles.erase(it);
 }
 
-LibStatus conv_workspace(const ConvPlan& p, size_t* bytes, const LaunchCtx& ctx) {
+namespace {
+
+// What each direction's errors are called.
+struct ConvCallNames {
+  const char* no_algo;          // FP16/BF16 without an algorithm within the budget
+  const char* direct;           // the direct body's launch
+  const char* small_workspace;  // the caller's workspace is smaller than the entry needs
+  const char* call;             // the library call
+};
+
+const ConvCallNames& conv_call_names(ConvDirection d) {
+  static const ConvCallNames forward{"cudnnGetConvolutionForwardAlgorithm_v7 (no algorithm within the budget)",
+                                     "direct convolution launch",
+                                     "cudnnConvolutionForward (workspace smaller than planned)", "cudnnConvolutionForward"};
+  static const ConvCallNames data{
+      "cudnnGetConvolutionBackwardDataAlgorithm_v7 (no deterministic algorithm within the budget)",
+      "direct convolution backward-data launch", "cudnnConvolutionBackwardData (workspace smaller than planned)",
+      "cudnnConvolutionBackwardData"};
+  static const ConvCallNames filter{
+      "cudnnGetConvolutionBackwardFilterAlgorithm_v7 (no deterministic algorithm within the budget)",
+      "direct convolution backward-filter launch", "cudnnConvolutionBackwardFilter (workspace smaller than planned)",
+      "cudnnConvolutionBackwardFilter"};
+  return d == ConvDirection::Forward ? forward : (d == ConvDirection::BackwardData ? data : filter);
+}
+
+LibStatus conv_workspace_for(const ConvPlan& p, ConvDirection d, size_t* bytes, const LaunchCtx& ctx) {
   DnnState& s = dnn_state();
   std::lock_guard<std::mutex> lock(s.mu);
   cudnnHandle_t h = nullptr;
   ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ConvDirection::Forward, ctx.stream, &h, &e); !st.ok()) return st;
+  if (LibStatus st = conv_lookup(s, p, d, ctx.stream, &h, &e); !st.ok()) return st;
   *bytes = e->have_algo ? e->workspace : 0;
   return {};
+}
+
+// The steps every convolution call shares: the plan's entry for direction `d`, then the direct
+// body (FP32 without an algorithm within the budget) or `library(handle, descriptors, algo)` with
+// the chosen algorithm. The handle is shared per stream; the lock keeps two host threads from
+// interleaving on it.
+template <class Direct, class Library>
+LibStatus conv_call(const ConvPlan& p, ConvDirection d, size_t workspace_bytes, const LaunchCtx& ctx, Direct direct,
+                    Library library) {
+  const ConvCallNames& names = conv_call_names(d);
+  DnnState& s = dnn_state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  cudnnHandle_t h = nullptr;
+  ConvEntry* e = nullptr;
+  if (LibStatus st = conv_lookup(s, p, d, ctx.stream, &h, &e); !st.ok()) return st;
+  if (!e->have_algo) {
+    lock.unlock();
+    if (p.type != rt::cuda_plan::ConvDataType::F32) return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED, names.no_algo};
+    const int st = direct();
+    return st ? LibStatus{0, st, names.direct} : LibStatus{};
+  }
+  if (workspace_bytes < e->workspace) return LibStatus{2, CUDNN_STATUS_BAD_PARAM, names.small_workspace};
+  const int st = static_cast<int>(library(h, *e->desc, e->algo));
+  return st ? LibStatus{2, st, names.call} : LibStatus{};
+}
+
+}  // namespace
+
+LibStatus conv_workspace(const ConvPlan& p, size_t* bytes, const LaunchCtx& ctx) {
+  return conv_workspace_for(p, ConvDirection::Forward, bytes, ctx);
+}
+
+LibStatus conv_backward_workspace(const ConvPlan& p, ConvDirection direction, size_t* bytes, const LaunchCtx& ctx) {
+  return conv_workspace_for(p, direction, bytes, ctx);
 }
 
 LibStatus conv_forward(const ConvPlan& p, const float* x, const float* w, float* y, void* workspace, size_t workspace_bytes,
                        const LaunchCtx& ctx) {
-  DnnState& s = dnn_state();
-  std::unique_lock<std::mutex> lock(s.mu);
-  cudnnHandle_t h = nullptr;
-  ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ConvDirection::Forward, ctx.stream, &h, &e); !st.ok()) return st;
-  if (!e->have_algo) {
-    lock.unlock();
-    if (p.type != rt::cuda_plan::ConvDataType::F32)
-      return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED, "cudnnGetConvolutionForwardAlgorithm_v7 (no algorithm within the budget)"};
-    const int st = conv_direct(conv_geom(p), x, w, y, ctx);
-    return st ? LibStatus{0, st, "direct convolution launch"} : LibStatus{};
-  }
-  if (workspace_bytes < e->workspace)
-    return LibStatus{2, CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionForward (workspace smaller than planned)"};
   const float one = 1.0f, zero = 0.0f;
-  const CudnnConvDescriptors& d = *e->desc;
-  // The handle is shared per stream; the lock keeps two host threads from interleaving on it.
-  const int st = static_cast<int>(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(e->algo), workspace, workspace_bytes,
-                                                          &zero, d.y, y));
-  return st ? LibStatus{2, st, "cudnnConvolutionForward"} : LibStatus{};
-}
-
-LibStatus conv_backward_workspace(const ConvPlan& p, ConvDirection direction, size_t* bytes, const LaunchCtx& ctx) {
-  DnnState& s = dnn_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  cudnnHandle_t h = nullptr;
-  ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, direction, ctx.stream, &h, &e); !st.ok()) return st;
-  *bytes = e->have_algo ? e->workspace : 0;
-  return {};
+  return conv_call(
+      p, ConvDirection::Forward, workspace_bytes, ctx, [&] { return conv_direct(conv_geom(p), x, w, y, ctx); },
+      [&](cudnnHandle_t h, const CudnnConvDescriptors& d, int algo) {
+        return cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, static_cast<cudnnConvolutionFwdAlgo_t>(algo), workspace,
+                                       workspace_bytes, &zero, d.y, y);
+      });
 }
 
 LibStatus conv_backward_data(const ConvPlan& p, const float* w, const float* dy, float* dx, void* workspace,
                              size_t workspace_bytes, const LaunchCtx& ctx) {
-  DnnState& s = dnn_state();
-  std::unique_lock<std::mutex> lock(s.mu);
-  cudnnHandle_t h = nullptr;
-  ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ConvDirection::BackwardData, ctx.stream, &h, &e); !st.ok()) return st;
-  if (!e->have_algo) {
-    lock.unlock();
-    if (p.type != rt::cuda_plan::ConvDataType::F32)
-      return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED,
-                       "cudnnGetConvolutionBackwardDataAlgorithm_v7 (no deterministic algorithm within the budget)"};
-    const int st = conv_grad_data(conv_geom(p), w, dy, dx, ctx);
-    return st ? LibStatus{0, st, "direct convolution backward-data launch"} : LibStatus{};
-  }
-  if (workspace_bytes < e->workspace)
-    return LibStatus{2, CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionBackwardData (workspace smaller than planned)"};
   const float one = 1.0f, zero = 0.0f;
-  const CudnnConvDescriptors& d = *e->desc;
-  const int st = static_cast<int>(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv,
-                                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(e->algo),
-                                                               workspace, workspace_bytes, &zero, d.x, dx));
-  return st ? LibStatus{2, st, "cudnnConvolutionBackwardData"} : LibStatus{};
+  return conv_call(
+      p, ConvDirection::BackwardData, workspace_bytes, ctx, [&] { return conv_grad_data(conv_geom(p), w, dy, dx, ctx); },
+      [&](cudnnHandle_t h, const CudnnConvDescriptors& d, int algo) {
+        return cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, dy, d.conv, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+                                            workspace, workspace_bytes, &zero, d.x, dx);
+      });
 }
 
 LibStatus conv_backward_filter(const ConvPlan& p, const float* x, const float* dy, float* dw, void* workspace,
                                size_t workspace_bytes, const LaunchCtx& ctx) {
-  DnnState& s = dnn_state();
-  std::unique_lock<std::mutex> lock(s.mu);
-  cudnnHandle_t h = nullptr;
-  ConvEntry* e = nullptr;
-  if (LibStatus st = conv_lookup(s, p, ConvDirection::BackwardFilter, ctx.stream, &h, &e); !st.ok()) return st;
-  if (!e->have_algo) {
-    lock.unlock();
-    if (p.type != rt::cuda_plan::ConvDataType::F32)
-      return LibStatus{2, CUDNN_STATUS_NOT_SUPPORTED,
-                       "cudnnGetConvolutionBackwardFilterAlgorithm_v7 (no deterministic algorithm within the budget)"};
-    const int st = conv_grad_filter(conv_geom(p), x, dy, dw, ctx);
-    return st ? LibStatus{0, st, "direct convolution backward-filter launch"} : LibStatus{};
-  }
-  if (workspace_bytes < e->workspace)
-    return LibStatus{2, CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionBackwardFilter (workspace smaller than planned)"};
   const float one = 1.0f, zero = 0.0f;
-  const CudnnConvDescriptors& d = *e->desc;
-  const int st = static_cast<int>(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
-                                                                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(e->algo),
-                                                                 workspace, workspace_bytes, &zero, d.w, dw));
-  return st ? LibStatus{2, st, "cudnnConvolutionBackwardFilter"} : LibStatus{};
+  return conv_call(
+      p, ConvDirection::BackwardFilter, workspace_bytes, ctx, [&] { return conv_grad_filter(conv_geom(p), x, dy, dw, ctx); },
+      [&](cudnnHandle_t h, const CudnnConvDescriptors& d, int algo) {
+        return cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, dy, d.conv,
+                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), workspace, workspace_bytes,
+                                              &zero, d.w, dw);
+      });
 }
 
 }  // namespace gpu

@@ -794,9 +794,9 @@ struct Autograd::Impl {
     }
     if (!requires_grad[static_cast<size_t>(s)]) return;
     Tensor& acc = grad[static_cast<size_t>(s)];
+    const std::string& name = slot_values[static_cast<size_t>(s)]->name();
     if (!acc.defined()) acc = std::move(g);
-    else if (dev && dev->on_device(acc) && dev->on_device(g)) acc = dev->add(acc, g, slot_values[static_cast<size_t>(s)]->name());
-    else if (dev) acc = dev->add(dev->upload(acc, "", "gradient"), dev->upload(g, "", "gradient"), slot_values[static_cast<size_t>(s)]->name());
+    else if (dev) acc = dev->add(dev->upload(acc, name, "gradient"), dev->upload(g, name, "gradient"), name);  // uploads only host values
     else acc = grad_util::add(pool, acc, g);
   }
 };

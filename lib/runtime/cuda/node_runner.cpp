@@ -8,6 +8,29 @@ namespace mpq::rt::gpu {
 
 using cuda_plan::LaunchKind;
 
+cuda::LaunchCtx node_launch_ctx(const KernelRuntime& rt, int64_t work) {
+  return cuda::LaunchCtx{cuda::launch_shape_for(work, 256), rt.stream};
+}
+
+void check_node_launch(const KernelRuntime& rt, const ir::Node& node, int code, const char* what) {
+  cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), node.name, node.op_type);
+}
+
+void check_node_library(const KernelRuntime& rt, const ir::Node& node, const cuda::LibStatus& st) {
+  if (st.ok()) return;
+  const auto lib = static_cast<cuda_plan::CudaLibrary>(st.library);
+  cuda_plan::fail_cuda_status(lib, st.code, st.call, lib == cuda_plan::CudaLibrary::Runtime ? rt.backend.error_text(st.code) : "",
+                              node.name, node.op_type);
+}
+
+Tensor node_output(KernelRuntime& rt, const ir::Node& node, DType dtype, const Shape& shape) {
+  return device_empty(rt.alloc, dtype, shape, rt.stream, node.name, node.op_type);
+}
+
+Tensor node_workspace(KernelRuntime& rt, const ir::Node& node, size_t bytes) {
+  return bytes ? node_output(rt, node, DType::UInt8, Shape{static_cast<int64_t>(bytes)}) : Tensor();
+}
+
 namespace {
 
 const float* fp(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
@@ -19,12 +42,9 @@ struct Runner {
   const std::vector<Tensor>& in;
   KernelRuntime& rt;
 
-  cuda::LaunchCtx ctx(int64_t work) const { return cuda::LaunchCtx{cuda::launch_shape_for(work, 256), rt.stream}; }
-  void check(int code, const char* what) const {
-    cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), node.name,
-                                 node.op_type);
-  }
-  Tensor out(DType t, const Shape& s) const { return device_empty(rt.alloc, t, s, rt.stream, node.name, node.op_type); }
+  cuda::LaunchCtx ctx(int64_t work) const { return node_launch_ctx(rt, work); }
+  void check(int code, const char* what) const { check_node_launch(rt, node, code, what); }
+  Tensor out(DType t, const Shape& s) const { return node_output(rt, node, t, s); }
   const Tensor& input(size_t i) const {
     if (i >= in.size() || !in[i].defined()) fail_input("{}: input {} is missing", node.label(), i);
     return in[i];
@@ -51,17 +71,9 @@ struct Runner {
     return q;
   }
 
-  void check_lib(const cuda::LibStatus& st) const {
-    if (st.ok()) return;
-    const auto lib = static_cast<cuda_plan::CudaLibrary>(st.library);
-    cuda_plan::fail_cuda_status(lib, st.code, st.call, lib == cuda_plan::CudaLibrary::Runtime ? rt.backend.error_text(st.code) : "",
-                                node.name, node.op_type);
-  }
-  // Library workspace from the caching allocator (a byte tensor; none when 0 bytes).
-  Tensor workspace(size_t bytes) const {
-    return bytes ? out(DType::UInt8, Shape{static_cast<int64_t>(bytes)}) : Tensor();
-  }
-  static void* ws_ptr(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+  void check_lib(const cuda::LibStatus& st) const { check_node_library(rt, node, st); }
+  Tensor workspace(size_t bytes) const { return node_workspace(rt, node, bytes); }
+  static void* ws_ptr(Tensor& t) { return workspace_ptr(t); }
   // Gemm's C or Conv's B (input `i`), added in place: the Add body reads y[k] before writing it.
   void add_bias(Tensor& y, size_t i) const {
     if (!l.has_bias) return;

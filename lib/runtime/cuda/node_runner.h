@@ -31,6 +31,18 @@ struct KernelRuntime {
   PinnedStaging* staging = nullptr;
 };
 
+// The pieces every device step of a node uses, with errors that name the node and op (the
+// forward runner here and the training backward runner, train/cuda/backward_runner.h):
+// a launch shape for `work` items on the runtime's stream; a launch status or a library status
+// turned into an mpq error; an uninitialized output from the caching allocator; library workspace
+// (a byte tensor, undefined when 0 bytes) and its pointer (null when undefined).
+cuda::LaunchCtx node_launch_ctx(const KernelRuntime& rt, int64_t work);
+void check_node_launch(const KernelRuntime& rt, const ir::Node& node, int code, const char* what);
+void check_node_library(const KernelRuntime& rt, const ir::Node& node, const cuda::LibStatus& st);
+Tensor node_output(KernelRuntime& rt, const ir::Node& node, DType dtype, const Shape& shape);
+Tensor node_workspace(KernelRuntime& rt, const ir::Node& node, size_t bytes);
+inline void* workspace_ptr(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+
 // `inputs`: device tensors (undefined for omitted optional inputs). Returns one device tensor per
 // node output (LayerNormalization: Y, Mean, InvStdDev). Gemm and Conv go through the table's
 // library entries (cuBLASLt / cuDNN on the GPU, the direct bodies on the host) with workspace from

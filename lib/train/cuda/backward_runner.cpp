@@ -41,26 +41,15 @@ struct Backward {
   cuda_plan::NodeLaunch l;
   std::vector<Tensor> grads;
 
-  cuda::LaunchCtx ctx(int64_t work) const { return cuda::LaunchCtx{cuda::launch_shape_for(work, 256), rt.stream}; }
-  void check(int code, const char* what) const {
-    cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), node.name,
-                                 node.op_type);
-  }
-  void check_lib(const cuda::LibStatus& st) const {
-    if (st.ok()) return;
-    const auto lib = static_cast<cuda_plan::CudaLibrary>(st.library);
-    cuda_plan::fail_cuda_status(lib, st.code, st.call, lib == cuda_plan::CudaLibrary::Runtime ? rt.backend.error_text(st.code) : "",
-                                node.name, node.op_type);
-  }
+  cuda::LaunchCtx ctx(int64_t work) const { return rt::gpu::node_launch_ctx(rt, work); }
+  void check(int code, const char* what) const { rt::gpu::check_node_launch(rt, node, code, what); }
+  void check_lib(const cuda::LibStatus& st) const { rt::gpu::check_node_library(rt, node, st); }
   [[noreturn]] void unsupported(const std::string& why) const {
     fail_unsupported("{} (backward): {}", node.label(), why);
   }
-  Tensor out(const Shape& s) const { return device_empty(rt.alloc, DType::Float32, s, rt.stream, node.name, node.op_type); }
-  Tensor workspace(size_t bytes) const {
-    return bytes ? device_empty(rt.alloc, DType::UInt8, Shape{static_cast<int64_t>(bytes)}, rt.stream, node.name, node.op_type)
-                 : Tensor();
-  }
-  static void* ws_ptr(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+  Tensor out(const Shape& s) const { return rt::gpu::node_output(rt, node, DType::Float32, s); }
+  Tensor workspace(size_t bytes) const { return rt::gpu::node_workspace(rt, node, bytes); }
+  static void* ws_ptr(Tensor& t) { return rt::gpu::workspace_ptr(t); }
   bool wanted(size_t i) const { return i < call.wanted.size() && call.wanted[i] && i < call.present.size() && call.present[i]; }
   const Shape& in_shape(size_t i) const { return call.input_shapes.at(i); }
   const Tensor& saved_input(size_t i) const {
