@@ -118,6 +118,9 @@ dnnl::engine& engine() {
   return e;
 }
 
+// oneDNN's implementation names for a JIT direct convolution (see Plan::direct).
+bool is_direct_impl(const std::string& impl) { return impl.rfind("jit", 0) == 0 || impl.rfind("brgconv", 0) == 0; }
+
 // One convolution's primitives: the convolution on oneDNN's preferred layouts and the reorders
 // from and to the plain NCHW / OIHW tensors mpq holds. Primitives are immutable once created and
 // may be executed by several threads at once; the blocked buffers and the convolution's scratch
@@ -129,7 +132,10 @@ struct Plan {
   memory::desc user_z;  // the residual's layout (forward)
   dnnl::reorder src_in, wei_in, dst_out, z_in;
   bool reorder_src = false, reorder_wei = false, reorder_dst = false, reorder_z = false;
-  bool direct = false;  // a jit direct kernel, not oneDNN's im2col + GEMM or reference fallback
+  // A JIT direct kernel, not oneDNN's im2col + GEMM or reference fallback: "jit:..." or, where
+  // oneDNN prefers its batch-reduce kernels (AVX-512 cores with AMX / BF16, e.g. Sapphire Rapids,
+  // for the forward), "brgconv:..." / "brgconv_1x1:...".
+  bool direct = false;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -179,7 +185,7 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
                                             pl, pr),
       attr, engine(), fwd);
   const std::string impl = p->bwd_pd.impl_info_str();
-  p->direct = impl.rfind("jit", 0) == 0;
+  p->direct = is_direct_impl(impl);
   if (!p->direct) return p;
   p->bwd = dnnl::convolution_backward_data(p->bwd_pd);
   p->reorder_src = p->bwd_pd.diff_dst_desc() != p->user_src;
@@ -226,7 +232,7 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
       {s.dh - 1, s.dw - 1}, {s.pt, s.pl}, {s.pb, s.pr});
   p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
   const std::string impl = p->pd.impl_info_str();
-  p->direct = impl.rfind("jit", 0) == 0;
+  p->direct = is_direct_impl(impl);
   if (!p->direct) return p;  // mpq runs it; the primitive is never needed
   p->conv = dnnl::convolution_forward(p->pd);
   p->reorder_src = p->pd.src_desc() != p->user_src;
