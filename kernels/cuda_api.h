@@ -12,9 +12,10 @@ namespace mpq::cuda {
 struct OpsTable;  // kernels/ops_table.h
 
 // Bumped whenever CudaApi or the OpsTable it carries changes (5: unary and unary_grad take alpha
-// and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries); the loader refuses a
+// and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries; 7: the parameter update
+// entries and the LayerNorm, Gather, Slice, PRelu and Where backward entries); the loader refuses a
 // plugin built for another version.
-inline constexpr int kCudaApiVersion = 6;
+inline constexpr int kCudaApiVersion = 7;
 
 struct DeviceInfo {
   int index = 0;

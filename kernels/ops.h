@@ -97,7 +97,12 @@ struct LaunchCtx {
                  const LaunchCtx& c);                                                                               \
   int sum_to_shape(const Broadcast2& bc, const int64_t* in_dims, const float* dy, float* din, int64_t in_n,         \
                    const LaunchCtx& c);                                                                             \
+  /* g *= inv_scale; found_inf (may be null) set to 1 on a non-finite result */                                   \
   int unscale(float inv_scale, float* g, int64_t n, int* found_inf, const LaunchCtx& c);                          \
+  /* partials: one double per launched thread, stored (or added to with accumulate) */                            \
+  int sum_squares(const float* g, int64_t n, double* partials, bool accumulate, const LaunchCtx& c);              \
+  int sum_partials(const double* partials, int64_t n, double* total, const LaunchCtx& c);                         \
+  int check_values(const float* w, int64_t n, bool positive, int* flag, const LaunchCtx& c);                      \
   int sgd_step(const SgdStep& s, float* w, const float* g, float* buf, int64_t n, const LaunchCtx& c);            \
   int adamw_step(const AdamWStep& s, float* w, const float* g, float* m, float* v, int64_t n, const LaunchCtx& c);
 

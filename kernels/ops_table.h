@@ -53,6 +53,22 @@ struct OpsTable {
   int (*channel_sum)(int64_t, int64_t, int64_t, const double*, const double*, float*, const LaunchCtx&);
   int (*reduce_extreme_grad)(int, const int64_t*, const bool*, const float*, const float*, const float*, float*, int64_t,
                              const LaunchCtx&);
+  int (*layer_norm_grad_x)(const float*, const float*, const float*, const float*, const float*, float*, int64_t, int64_t,
+                           const LaunchCtx&);
+  int (*slice_grad)(const SliceGeom&, const float*, float*, int64_t, const LaunchCtx&);
+  int (*prelu_grad)(const Broadcast2&, const float*, const float*, const float*, float*, float*, int64_t, const LaunchCtx&);
+  int (*where_grad)(const Broadcast2&, const bool*, const float*, float*, int64_t, bool, const LaunchCtx&);
+  int (*gather_grad)(const int64_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t, const LaunchCtx&);
+  int (*layer_norm_grad_params)(const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t,
+                                const LaunchCtx&);
+  // The parameter update (version 7): GradScaler's unscale, the global gradient norm's partial sums,
+  // SGD and AdamW steps and the divergence check (train/cuda/device_parameters.h).
+  int (*unscale)(float, float*, int64_t, int*, const LaunchCtx&);
+  int (*sum_squares)(const float*, int64_t, double*, bool, const LaunchCtx&);
+  int (*sum_partials)(const double*, int64_t, double*, const LaunchCtx&);
+  int (*check_values)(const float*, int64_t, bool, int*, const LaunchCtx&);
+  int (*sgd_step)(const SgdStep&, float*, const float*, float*, int64_t, const LaunchCtx&);
+  int (*adamw_step)(const AdamWStep&, float*, const float*, float*, float*, int64_t, const LaunchCtx&);
   void (*release_stream)(void*);
 };
 

@@ -15,7 +15,7 @@ ratio against a reference measured in the same run on the same GPU:
             KL distillation loss, backward, AdamW update) with AMP FP16 (autocast + GradScaler) in
             PyTorch eager on the demo model at batch 64, and the same step in FP32 (autocast off);
             mpq's `qat-finetune --device cuda` (FP32: AMP on the GPU is not written) at batch 64,
-            its training seconds over the steps (teacher, loss, optimizer on the host included).
+            its training seconds over the steps (teacher and update on the GPU, loss on the host, included).
   validate  `mpq validate --device cuda` against `--device cpu` on calib_data/eval (1,000 images),
             INT8 and FP16 candidates of the demo model: the same exit status and every metric
             within 1e-5.

@@ -242,7 +242,7 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   sub.add_option("--device", o->device,
                  "cpu (default), auto (the CPU) or cuda (the student's forward and backward and the teacher on the GPU, "
-                 "FP32 only; parameters and optimizer on the host; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+                 "with the optimizer update; FP32 only; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");

@@ -303,8 +303,8 @@ struct SumToShapeBody {
   }
 };
 
-// GradScaler's unscale: g *= inv_scale, and *found_inf = 1 if any result is not finite (every
-// writer stores the same value, so there is no race to lose).
+// GradScaler's unscale (and clipping's rescale): g *= inv_scale, and *found_inf = 1 if any result
+// is not finite (every writer stores the same value, so there is no race to lose; null: no check).
 struct UnscaleBody {
   float inv_scale;
   float* g;
@@ -313,8 +313,51 @@ struct UnscaleBody {
   MPQ_HD void operator()(const Thread& t) const {
     for (int64_t i = t.global(); i < n; i += t.stride()) {
       g[i] *= inv_scale;
-      if (!hd_isfinite(g[i])) *found_inf = 1;
+      if (found_inf && !hd_isfinite(g[i])) *found_inf = 1;
     }
+  }
+};
+
+// Part of a global L2 norm: thread k adds the squares of its grid-stride share of g to
+// partials[k] (double, as the CPU's grad_norm accumulates), or stores them when !accumulate. Run
+// with the same launch shape over every gradient, then the host adds the partials: each thread
+// owns its slot, so there are no atomics and the sum is the same on every run.
+struct SumSquaresBody {
+  const float* g;
+  int64_t n;
+  double* partials;
+  bool accumulate;
+  MPQ_HD void operator()(const Thread& t) const {
+    double s = 0.0;
+    for (int64_t i = t.global(); i < n; i += t.stride()) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    partials[t.global()] = accumulate ? partials[t.global()] + s : s;
+  }
+};
+
+// The partials' total, by one thread in index order (the launch's other threads do nothing), so
+// only one double goes back to the host.
+struct SumPartialsBody {
+  const double* partials;
+  int64_t n;
+  double* total;
+  MPQ_HD void operator()(const Thread& t) const {
+    if (t.global() != 0) return;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += partials[i];
+    *total = s;
+  }
+};
+
+// The training loop's divergence check: *flag = 1 when a value is not finite or, with
+// `positive` (learned step sizes), not above zero.
+struct CheckValuesBody {
+  const float* w;
+  int64_t n;
+  bool positive;
+  int* flag;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride())
+      if (!hd_isfinite(w[i]) || (positive && !(w[i] > 0.0f))) *flag = 1;
   }
 };
 

@@ -18,6 +18,7 @@
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 #include "train/cuda/backward_runner.h"
+#include "train/cuda/device_parameters.h"
 #include "train/grads/grad_util.h"
 
 namespace mpq::train {
@@ -202,6 +203,7 @@ struct Autograd::Impl {
   rt::ThreadPool pool;
   // Device mode; declared before the values and steps so that their device buffers go first.
   std::unique_ptr<DevicePath> dev;
+  std::unique_ptr<gpu::DeviceParameters> dev_params;  // the parameters' device copies (device mode)
 
   std::unordered_map<std::string, int> slot_of;
   std::vector<const ir::Value*> slot_values;
@@ -242,6 +244,7 @@ struct Autograd::Impl {
                            dtype_name(t));
       }
       dev = std::make_unique<DevicePath>(options, pool);
+      dev_params = std::make_unique<gpu::DeviceParameters>(params, *dev->runtime);
     } else if (options.device != rt::BackendKind::CPU) {
       fail_unsupported("the training engine runs on the CPU or CUDA only");
     }
@@ -252,6 +255,7 @@ struct Autograd::Impl {
     env.clear();
     low_cache.clear();
     input_grad_values.clear();
+    dev_params.reset();
     dev.reset();
   }
 
@@ -409,7 +413,10 @@ struct Autograd::Impl {
     for (size_t s = 0; s < state_of_slot.size(); ++s)  // running state replaces its initializer
       if (state_of_slot[s] >= 0) env[s] = state[static_cast<size_t>(state_of_slot[s])].value;
     for (size_t s = 0; s < param_of_slot.size(); ++s)
-      if (param_of_slot[s] >= 0) env[s] = params[static_cast<size_t>(param_of_slot[s])].value;
+      if (param_of_slot[s] >= 0) {
+        const size_t p = static_cast<size_t>(param_of_slot[s]);
+        env[s] = dev_params ? dev_params->value(p) : params[p].value;
+      }
     for (int s : input_slots) {
       auto it = feeds.find(slot_values[static_cast<size_t>(s)]->name());
       if (it != feeds.end()) env[static_cast<size_t>(s)] = it->second;
@@ -420,7 +427,8 @@ struct Autograd::Impl {
     host_reset_peak();
 
     if (dev) {
-      // Constants once per engine; parameters, running state and feeds every forward.
+      // Constants once per engine; running state and feeds every forward (parameters are on the
+      // device already).
       for (size_t s = 0; s < env.size(); ++s) {
         if (!env[s].defined()) continue;
         const std::string& name = slot_values[s]->name();
@@ -788,8 +796,10 @@ struct Autograd::Impl {
     const int p = param_of_slot[static_cast<size_t>(s)];
     if (p >= 0) {
       Parameter& param = params[static_cast<size_t>(p)];
-      if (dev) g = dev->download(g, param.name, "parameter gradient");
-      grad_util::add_into(pool, param.grad, grad_util::convert(g, param.grad.dtype()));
+      if (dev_params) {
+        if (!dev->on_device(g)) g = dev->upload(g, param.name, "gradient");
+        dev_params->accumulate_grad(static_cast<size_t>(p), std::move(g));  // kept, not copied, when no one else holds it
+      } else grad_util::add_into(pool, param.grad, grad_util::convert(g, param.grad.dtype()));
       return;
     }
     if (!requires_grad[static_cast<size_t>(s)]) return;
@@ -807,10 +817,17 @@ Autograd::~Autograd() = default;
 
 std::vector<Tensor> Autograd::forward(const rt::Feeds& feeds) { return impl_->forward(feeds); }
 void Autograd::backward(const std::vector<Tensor>& output_grads) { impl_->backward(output_grads); }
-std::vector<Parameter>& Autograd::parameters() { return impl_->params; }
-const std::vector<Parameter>& Autograd::parameters() const { return impl_->params; }
+std::vector<Parameter>& Autograd::parameters() {
+  if (impl_->dev_params) impl_->dev_params->sync_host(/*will_modify=*/true);
+  return impl_->params;
+}
+const std::vector<Parameter>& Autograd::parameters() const {
+  if (impl_->dev_params) impl_->dev_params->sync_host(/*will_modify=*/false);
+  return impl_->params;
+}
+DeviceUpdate* Autograd::device_update() { return impl_->dev_params.get(); }
 Parameter* Autograd::find_parameter(const std::string& name) {
-  for (Parameter& p : impl_->params)
+  for (Parameter& p : parameters())
     if (p.name == name) return &p;
   return nullptr;
 }
@@ -823,7 +840,9 @@ bool Autograd::training() const { return impl_->options.training; }
 void Autograd::set_training(bool training) { impl_->options.training = training; }
 
 void Autograd::zero_grad() {
-  for (Parameter& p : impl_->params) std::memset(p.grad.raw_data(), 0, p.grad.nbytes());
+  if (impl_->dev_params) impl_->dev_params->zero_grad();
+  else
+    for (Parameter& p : impl_->params) std::memset(p.grad.raw_data(), 0, p.grad.nbytes());
 }
 
 void Autograd::write_back(ir::Model& model) const {
@@ -836,7 +855,7 @@ void Autograd::write_back(ir::Model& model) const {
                  shape_str(t.shape()));
     g.set_initializer(v, t.clone());
   };
-  for (const Parameter& p : impl_->params) store(p.name, p.value);
+  for (const Parameter& p : parameters()) store(p.name, p.value);
   for (const StateBuffer& b : impl_->state)
     if (b.value.defined()) store(b.name, b.value);
 }

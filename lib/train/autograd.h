@@ -35,6 +35,8 @@ struct DeviceMemoryBackend;
 
 namespace mpq::train {
 
+class DeviceUpdate;
+
 struct AutogradOptions {
   int threads = 0;  // <= 0: one per hardware thread
   Amp amp = Amp::Off;
@@ -52,8 +54,9 @@ struct AutogradOptions {
   // MPQ_CUDA_EMULATE=host its host kernel table and host memory). Each node runs its planned
   // kernel (runtime/cuda/node_runner.h) and its backward through train/cuda/backward_runner.h,
   // activations and gradients stay in device memory; a node either cannot take runs its CPU
-  // kernel with explicit copies. Parameters, their gradients and the optimizer stay on the host
-  // (uploaded per forward, gradients downloaded once per backward). FP32 only (amp must be off).
+  // kernel with explicit copies. Parameters and their gradients live in device memory too
+  // (train/cuda/device_parameters.h), updated there through device_update(); parameters() is a
+  // host mirror synchronised on access. FP32 only (amp must be off).
   rt::BackendKind device = rt::BackendKind::CPU;
   // Tests: a kernel table and memory in place of the plugin's (both or neither).
   const cuda::OpsTable* cuda_ops = nullptr;
@@ -98,8 +101,14 @@ class Autograd {
   // means none) through the last forward, accumulating into the parameters' gradients.
   void backward(const std::vector<Tensor>& output_grads);
 
+  // In device mode these bring the host copies up to date (a download when the device changed
+  // them); the non-const forms also mark the host copies as changed, so the next device use uploads
+  // them. A training loop keeps off them and goes through device_update().
   std::vector<Parameter>& parameters();
   const std::vector<Parameter>& parameters() const;
+  // Device mode: where the optimizer, GradScaler and clipping update the parameters in device
+  // memory (train/device_update.h). Null on the CPU.
+  DeviceUpdate* device_update();
   Parameter* find_parameter(const std::string& name);
   std::vector<StateBuffer>& state();
   const std::vector<StateBuffer>& state() const;

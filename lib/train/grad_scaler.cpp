@@ -33,6 +33,14 @@ bool GradScaler::unscale(std::vector<Parameter>& params) {
   return found_inf_;
 }
 
+bool GradScaler::unscale(DeviceUpdate& device) {
+  if (unscaled_) return found_inf_;
+  unscaled_ = true;
+  // Disabled, the pass still runs (by 1) to find non-finite gradients, as on the CPU.
+  found_inf_ = device.scale_grads(o_.enabled ? static_cast<float>(1.0 / scale_) : 1.0f);
+  return found_inf_;
+}
+
 void GradScaler::update() {
   if (!unscaled_) fail_internal("GradScaler::update without unscale in this step");
   unscaled_ = false;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "train/autograd.h"
+#include "train/device_update.h"
 #include "train/checkpoint.h"
 
 namespace mpq::train {
@@ -29,6 +30,8 @@ class GradScaler {
   // Divides every gradient by the scale and reports whether any is inf or NaN (which then means the
   // optimizer step must be skipped). Idempotent within a step.
   bool unscale(std::vector<Parameter>& params);
+  // The same on a device-mode engine's gradients (Autograd::device_update()).
+  bool unscale(DeviceUpdate& device);
   // After the (possibly skipped) step: halve on overflow, double after growth_interval clean steps.
   void update();
   bool found_inf() const { return found_inf_; }

@@ -18,11 +18,31 @@ void check_float32(const Parameter& p) {
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.dtype(), t.shape()); }
 
 // Named per-parameter state buffers (one or two per parameter), saved as "optimizer/<kind>/<param>".
+// A buffer lives where the last step that used it ran: on the host, or in the device memory of
+// `device` (a training engine's device mode); it moves when a step on the other side needs it.
 struct SlotState {
   std::vector<Tensor> buf;
+  DeviceUpdate* device = nullptr;
+  static bool on_device(const Tensor& t) { return t.defined() && t.device() == Device::CUDA; }
+  // Buffer i on the host (undefined stays undefined).
+  Tensor& host(size_t i) {
+    if (on_device(buf[i])) buf[i] = device->to_host(buf[i], "optimizer state");
+    return buf[i];
+  }
+  // Buffer i in d's memory, zero-filled when it did not exist. Another engine's buffers come to
+  // the host first, so that `device` always owns every device buffer here.
+  Tensor& in_device(size_t i, DeviceUpdate& d) {
+    if (device && device != &d)
+      for (size_t k = 0; k < buf.size(); ++k) host(k);
+    device = &d;
+    if (!buf[i].defined()) buf[i] = d.zeros_like(i);
+    else if (!on_device(buf[i])) buf[i] = d.to_device(buf[i], "optimizer state");
+    return buf[i];
+  }
   void save(Checkpoint& c, const std::string& kind, const std::vector<Parameter>& params) const {
     for (size_t i = 0; i < buf.size(); ++i)
-      if (buf[i].defined()) c.put("optimizer/" + kind + "/" + params[i].name, buf[i]);
+      if (buf[i].defined())
+        c.put("optimizer/" + kind + "/" + params[i].name, on_device(buf[i]) ? device->to_host(buf[i], "optimizer state") : buf[i]);
   }
   void load(const Checkpoint& c, const std::string& kind, const std::vector<Parameter>& params) {
     buf.assign(params.size(), Tensor());
@@ -64,7 +84,7 @@ class Sgd final : public Optimizer {
         for_each_float(p.value, [&](auto* w, auto tag) {
           using T = typename decltype(tag)::type;
           const T* gr = p.grad.data<T>();
-          T* b = o_.momentum != 0 ? momentum_.buf[idx].data<T>() : nullptr;
+          T* b = o_.momentum != 0 ? momentum_.host(idx).data<T>() : nullptr;
           const T wd = static_cast<T>(g.weight_decay), mu = static_cast<T>(o_.momentum);
           const T damp = static_cast<T>(1.0 - o_.dampening), rate = static_cast<T>(glr);
           for (int64_t i = 0; i < p.value.numel(); ++i) {
@@ -78,6 +98,26 @@ class Sgd final : public Optimizer {
             else w[i] -= rate * d;
           }
         });
+      }
+    }
+    ++steps_;
+  }
+
+  void step(DeviceUpdate& d, double lr) override {
+    if (momentum_.buf.size() != d.size()) momentum_.buf.resize(d.size());
+    for (const ParamGroup& g : groups_) {
+      const double glr = lr * g.lr_scale;
+      for (size_t idx : g.params) {
+        if (idx >= d.size()) fail_internal("optimizer: parameter {} of group '{}' does not exist", idx, g.name);
+        cuda::SgdStep s;
+        s.first = !momentum_.buf[idx].defined();
+        s.rate = static_cast<float>(glr);
+        s.weight_decay = static_cast<float>(g.weight_decay);
+        s.momentum = static_cast<float>(o_.momentum);
+        s.damp = static_cast<float>(1.0 - o_.dampening);
+        s.nesterov = o_.nesterov;
+        s.log_space = g.log_space;
+        d.sgd(idx, s, o_.momentum != 0 ? &momentum_.in_device(idx, d) : nullptr);
       }
     }
     ++steps_;
@@ -129,14 +169,12 @@ class AdamW final : public Optimizer {
         for_each_float(p.value, [&](auto* w, auto tag) {
           using T = typename decltype(tag)::type;
           const T* gr = p.grad.data<T>();
-          T* m = m_.buf[idx].data<T>();
-          T* v = v_.buf[idx].data<T>();
-          const T decay = static_cast<T>(g.log_space ? 1.0 : 1.0 - glr * g.weight_decay);
-          // 1 - beta in double, then rounded once, as PyTorch passes these as Python floats.
-          const T one_minus_b1 = static_cast<T>(1.0 - o_.beta1), one_minus_b2 = static_cast<T>(1.0 - o_.beta2);
-          const T b2 = static_cast<T>(o_.beta2);
-          const T step_size = static_cast<T>(glr / bc1), bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-          const T eps = static_cast<T>(o_.eps);
+          T* m = m_.host(idx).data<T>();
+          T* v = v_.host(idx).data<T>();
+          const Constants k = constants(g, glr, bc1, bc2);
+          const T decay = static_cast<T>(k.decay), one_minus_b1 = static_cast<T>(k.one_minus_b1);
+          const T one_minus_b2 = static_cast<T>(k.one_minus_b2), b2 = static_cast<T>(k.b2);
+          const T step_size = static_cast<T>(k.step_size), bc2_sqrt = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
           for (int64_t i = 0; i < p.value.numel(); ++i) {
             const T gi = g.log_space ? gr[i] * w[i] : gr[i];
             w[i] *= decay;
@@ -147,6 +185,33 @@ class AdamW final : public Optimizer {
             else w[i] -= step_size * m[i] / denom;
           }
         });
+      }
+    }
+  }
+
+  void step(DeviceUpdate& d, double lr) override {
+    if (m_.buf.size() != d.size()) {
+      m_.buf.resize(d.size());
+      v_.buf.resize(d.size());
+    }
+    ++steps_;
+    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(steps_));
+    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(steps_));
+    for (const ParamGroup& g : groups_) {
+      const double glr = lr * g.lr_scale;
+      for (size_t idx : g.params) {
+        if (idx >= d.size()) fail_internal("optimizer: parameter {} of group '{}' does not exist", idx, g.name);
+        const Constants k = constants(g, glr, bc1, bc2);
+        cuda::AdamWStep s;
+        s.decay = static_cast<float>(k.decay);
+        s.one_minus_b1 = static_cast<float>(k.one_minus_b1);
+        s.one_minus_b2 = static_cast<float>(k.one_minus_b2);
+        s.b2 = static_cast<float>(k.b2);
+        s.step_size = static_cast<float>(k.step_size);
+        s.bc2_sqrt = static_cast<float>(k.bc2_sqrt);
+        s.eps = static_cast<float>(k.eps);
+        s.log_space = g.log_space;
+        d.adamw(idx, s, m_.in_device(idx, d), v_.in_device(idx, d));
       }
     }
   }
@@ -167,6 +232,15 @@ class AdamW final : public Optimizer {
   }
 
  private:
+  // One step's constants in double, rounded once to the parameter type by each path (1 - beta
+  // too, as PyTorch passes these as Python floats).
+  struct Constants {
+    double decay, one_minus_b1, one_minus_b2, b2, step_size, bc2_sqrt, eps;
+  };
+  Constants constants(const ParamGroup& g, double glr, double bc1, double bc2) const {
+    return Constants{g.log_space ? 1.0 : 1.0 - glr * g.weight_decay, 1.0 - o_.beta1, 1.0 - o_.beta2, o_.beta2, glr / bc1,
+                     std::sqrt(bc2), o_.eps};
+  }
   AdamWOptions o_;
   SlotState m_, v_;
 };
@@ -197,6 +271,15 @@ double grad_norm(const std::vector<Parameter>& params) {
     });
   }
   return std::sqrt(sum);
+}
+
+double grad_norm(DeviceUpdate& device) { return device.grad_norm(); }
+
+double clip_grad_norm(DeviceUpdate& device, double max_norm) {
+  const double norm = device.grad_norm();
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) device.scale_grads(static_cast<float>(coef));
+  return norm;
 }
 
 double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {

@@ -16,6 +16,7 @@
 #include "runtime/thread_pool.h"
 #include "train/autograd.h"
 #include "train/checkpoint.h"
+#include "train/device_update.h"
 
 namespace mpq::train {
 
@@ -50,6 +51,10 @@ class Optimizer {
   virtual const char* name() const = 0;
   // One update of every grouped parameter from its gradient, with learning rate lr * lr_scale.
   virtual void step(std::vector<Parameter>& params, double lr) = 0;
+  // The same update where a device-mode engine keeps the parameters (Autograd::device_update()):
+  // the state moves to that device at its first use there and stays; save() downloads it. The
+  // engine must then outlive the optimizer (its memory holds the state).
+  virtual void step(DeviceUpdate& device, double lr) = 0;
   // State under "optimizer/..." names; load() checks it matches the parameters.
   virtual void save(Checkpoint& c, const std::vector<Parameter>& params) const = 0;
   virtual void load(const Checkpoint& c, const std::vector<Parameter>& params) = 0;
@@ -84,5 +89,8 @@ struct LrSchedule {
 double clip_grad_norm(std::vector<Parameter>& params, double max_norm);
 // Global L2 norm of the gradients (double accumulation in parameter order).
 double grad_norm(const std::vector<Parameter>& params);
+// The same two on a device-mode engine's parameters.
+double clip_grad_norm(DeviceUpdate& device, double max_norm);
+double grad_norm(DeviceUpdate& device);
 
 }  // namespace mpq::train

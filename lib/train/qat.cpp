@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "calib/calibrator.h"
 #include "core/file_io.h"
@@ -236,9 +237,9 @@ QatResult qat_finetune(const QatOptions& o) {
   ao.trainable = trainable;
   ao.device = o.device;
   Autograd engine(student, ao);
-  Groups groups = param_groups(engine.parameters(), scale_names, o.weight_decay);
+  Groups groups = param_groups(std::as_const(engine).parameters(), scale_names, o.weight_decay);
   res.trainable_scales = static_cast<int64_t>(groups.scales.size());
-  for (const Parameter& p : engine.parameters()) res.trainable_parameters += p.value.numel();
+  for (const Parameter& p : std::as_const(engine).parameters()) res.trainable_parameters += p.value.numel();
   std::unique_ptr<Optimizer> opt = o.optimizer == "sgd" ? make_sgd(groups.groups, {o.momentum, 0.0, false})
                                                         : make_adamw(groups.groups);
   GradScalerOptions so;
@@ -259,7 +260,7 @@ QatResult qat_finetune(const QatOptions& o) {
                    dtype_name(t.dtype()), shape_str(t.shape()), dtype_name(p.value.dtype()), shape_str(p.value.shape()));
       std::memcpy(p.value.raw_data(), t.raw_data(), t.nbytes());
     }
-    opt->load(*resume_from, engine.parameters());
+    opt->load(*resume_from, std::as_const(engine).parameters());
     scaler.load(*resume_from);
     start = resume_from->meta().at("step").get<int64_t>();
     res.first_loss = resume_from->meta().value("first_loss", 0.0);
@@ -271,8 +272,8 @@ QatResult qat_finetune(const QatOptions& o) {
   auto save_checkpoint = [&](int64_t step) {
     if (ckpt_path.empty()) return;
     Checkpoint c;
-    for (const Parameter& p : engine.parameters()) c.put("param/" + p.name, p.value);
-    opt->save(c, engine.parameters());
+    for (const Parameter& p : std::as_const(engine).parameters()) c.put("param/" + p.name, p.value);
+    opt->save(c, std::as_const(engine).parameters());
     scaler.save(c);
     c.meta()["step"] = step;
     c.meta()["model"] = o.model.string();
@@ -296,6 +297,8 @@ QatResult qat_finetune(const QatOptions& o) {
   teacher_opts.backend = o.device;
   rt::Executor teacher(fp32, teacher_opts);
   const bool distill = o.loss != "ce", ce = o.loss != "distill";
+  std::vector<char> positive;  // per parameter: a step size, which must stay above 0
+  for (const Parameter& p : std::as_const(engine).parameters()) positive.push_back(scale_names.count(p.name) > 0);
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   int64_t bad = 0;
@@ -343,15 +346,18 @@ QatResult qat_finetune(const QatOptions& o) {
     res.final_loss = r.loss;
     res.losses.push_back(r.loss);
     // A step size that left the positive numbers, or a weight that left the finite ones, means the
-    // run has diverged as surely as a run of non-finite losses does.
-    for (const Parameter& p : engine.parameters()) {
-      const float* v = p.value.data<float>();
-      const bool scale = scale_names.count(p.name) > 0;
-      for (int64_t i = 0; i < p.value.numel(); ++i)
-        if (!std::isfinite(v[i]) || (scale && !(v[i] > 0)))
-          fail_input("training diverged at step {}: {} '{}' became {}; lower --lr", step + 1, scale ? "step size" : "parameter",
-                     p.name, v[i]);
-    }
+    // run has diverged as surely as a run of non-finite losses does. On a device, a flag per
+    // parameter comes back and the values only when one is set.
+    DeviceUpdate* device = engine.device_update();
+    if (!device || device->first_bad_parameter(positive) >= 0)
+      for (const Parameter& p : std::as_const(engine).parameters()) {
+        const float* v = p.value.data<float>();
+        const bool scale = scale_names.count(p.name) > 0;
+        for (int64_t i = 0; i < p.value.numel(); ++i)
+          if (!std::isfinite(v[i]) || (scale && !(v[i] > 0)))
+            fail_input("training diverged at step {}: {} '{}' became {}; lower --lr", step + 1, scale ? "step size" : "parameter",
+                       p.name, v[i]);
+      }
     bad = (r.skipped || !std::isfinite(r.loss)) ? bad + 1 : 0;
     if (bad >= o.max_bad_steps)
       fail_input("training diverged: {} consecutive steps had a non-finite loss or gradient (last loss {}, loss scale {}); "

@@ -57,7 +57,8 @@ struct QatOptions {
   int64_t freeze_ranges_after = -1;  // >= 0: step sizes stop training after this many steps
   Amp amp = Amp::Off;
   // CUDA: the student's forward and backward and the teacher's runs on the GPU (AutogradOptions::
-  // device); parameters, loss and optimizer on the host. FP32 only.
+  // device), with parameters, gradients and optimizer state in device memory; the loss on the host.
+  // FP32 only.
   rt::BackendKind device = rt::BackendKind::CPU;
   int threads = 0;
   uint64_t seed = 0;

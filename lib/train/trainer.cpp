@@ -29,12 +29,23 @@ StepResult Trainer::step(const rt::Feeds& feeds, const LossFn& loss, const Hook&
     }
   }
   engine_.backward(l.output_grads);
-  std::vector<Parameter>& params = engine_.parameters();
-  r.skipped = scaler_.unscale(params);
-  if (!r.skipped) {
-    if (before_update) before_update(params);
-    r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(params, max_grad_norm_) : grad_norm(params);
-    optimizer_.step(params, r.lr);
+  if (DeviceUpdate* device = engine_.device_update()) {
+    // Device mode: the parameters and gradients stay in device memory (a hook sees host copies,
+    // which then go back up).
+    r.skipped = scaler_.unscale(*device);
+    if (!r.skipped) {
+      if (before_update) before_update(engine_.parameters());
+      r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(*device, max_grad_norm_) : grad_norm(*device);
+      optimizer_.step(*device, r.lr);
+    }
+  } else {
+    std::vector<Parameter>& params = engine_.parameters();
+    r.skipped = scaler_.unscale(params);
+    if (!r.skipped) {
+      if (before_update) before_update(params);
+      r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(params, max_grad_norm_) : grad_norm(params);
+      optimizer_.step(params, r.lr);
+    }
   }
   scaler_.update();
   engine_.zero_grad();

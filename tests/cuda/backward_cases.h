@@ -132,6 +132,23 @@ inline std::vector<GradCase> backward_cases() {
        {A::make_int("qmin", -8), A::make_int("qmax", 7), A::make_int("axis", 1)}, 13, {1, 1, 0}, "mpq"},
       {"FakeQuant", {f({3, 7}, 39, -2, 2), Tensor::scalar<float>(0.03f)}, {A::make_int("qmin", -128), A::make_int("qmax", 127)}, 13,
        {0, 1}, "mpq"},
+      // Over the last axis with a bias, and without one (dScale only wanted, then dX only).
+      {"LayerNormalization", {f({3, 5, 7}, 42), f({7}, 43, 0.5f, 1.5f), f({7}, 44)}, {A::make_float("epsilon", 1e-3f)}, 17, {1, 1, 1}},
+      {"LayerNormalization", {f({4, 33}, 45), f({33}, 46)}, {A::make_int("axis", 1)}, 17, {0, 1}},
+      {"LayerNormalization", {f({2, 1, 9}, 47), f({9}, 48), f({9}, 49)}, {}, 17, {1, 0, 0}},
+      // Repeated and negative indices; a middle axis with 2-D indices.
+      {"Gather", {f({5, 3}, 50), i64({4}, {1, -1, 1, 0})}, {}, 13, {1, 0}},
+      {"Gather", {f({2, 6, 3}, 51), i64({2, 2}, {5, 0, 0, -6})}, {A::make_int("axis", 1)}, 13, {1, 0}},
+      // Slice with negative steps and axes (opset 13) and by attributes (opset 9); Pad by input
+      // and by attribute; Expand over new and size-1 dimensions; PRelu with a per-channel slope;
+      // Where with a broadcast condition and branches.
+      {"Slice", {f({4, 6, 5}, 52), i64({2}, {1, -1}), i64({2}, {4, 0}), i64({2}, {0, 2}), i64({2}, {2, -2})}, {}, 13, {1, 0, 0, 0, 0}},
+      {"Slice", {f({3, 5}, 53)}, {A::make_ints("starts", {0, 1}), A::make_ints("ends", {2, 4})}, 9, {1}},
+      {"Pad", {f({2, 3, 4}, 54), i64({6}, {0, 1, 2, 1, 0, 1}), Tensor::scalar<float>(0.5f)}, {}, 13, {1, 0, 0}},
+      {"Pad", {f({3, 4}, 55)}, {A::make_ints("pads", {1, 0, 0, 2})}, 2, {1}},
+      {"Expand", {f({3, 1, 4}, 56), i64({4}, {2, 3, 5, 4})}, {}, 13, {1, 0}},
+      {"PRelu", {f({2, 3, 4, 5}, 57), f({3, 1, 1}, 58, 0.05f, 0.3f)}, {}, 16, {1, 1}},
+      {"Where", {bools({3, 1}, {1, 0, 1}), f({3, 4}, 59), f({4}, 60)}, {}, 16, {0, 1, 1}},
       {"FakeQuantBias", {f({6}, 40), Tensor::scalar<float>(0.05f), f({6}, 41, 0.01f, 0.1f)}, {}, 13, {1, 0, 0}, "mpq"},
   };
 }

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gpu_support.h"
@@ -355,4 +356,49 @@ TEST_CASE("GPU direct matmul/convolution and training launchers match the host h
   DeviceBuf<float> gw(v), gm(std::vector<float>(105, 0.0f)), gv(std::vector<float>(105, 0.0f));
   REQUIRE(cuda::gpu::adamw_step(st, gw.get(), ddy.get(), gm.get(), gv.get(), 105, c) == 0);
   CHECK(close(gw.download(), hw));
+  // SGD with Nesterov momentum and weight decay from a non-zero buffer.
+  cuda::SgdStep sg;
+  sg.rate = 0.05f;
+  sg.weight_decay = 0.01f;
+  sg.momentum = 0.9f;
+  sg.nesterov = true;
+  const std::vector<float> b0 = rnd(105, 69, -0.5f, 0.5f);
+  std::vector<float> sw = v, sb = b0;
+  REQUIRE(cuda::host::sgd_step(sg, sw.data(), dyv.data(), sb.data(), 105, c) == 0);
+  DeviceBuf<float> sgd_w(v), sgd_b(b0);
+  REQUIRE(cuda::gpu::sgd_step(sg, sgd_w.get(), ddy.get(), sgd_b.get(), 105, c) == 0);
+  CHECK(close(sgd_w.download(), sw));
+  CHECK(close(sgd_b.download(), sb));
+  // Unscale with one non-finite gradient, the norm's partial sums and the divergence check.
+  std::vector<float> g = dyv;
+  g[77] = std::numeric_limits<float>::infinity();
+  DeviceBuf<float> dg(g);
+  DeviceBuf<int> dflag(std::vector<int>{0});
+  REQUIRE(cuda::gpu::unscale(0.25f, dg.get(), 105, dflag.get(), c) == 0);
+  int hflag = 0;
+  REQUIRE(cuda::host::unscale(0.25f, g.data(), 105, &hflag, c) == 0);
+  CHECK(identical(dg.download(), g));
+  CHECK(dflag.download()[0] == 1);
+  CHECK(hflag == 1);
+  const size_t slots = static_cast<size_t>(c.shape.blocks * c.shape.threads);
+  std::vector<double> hp(slots, 0.0);
+  REQUIRE(cuda::host::sum_squares(dyv.data(), 105, hp.data(), false, c) == 0);
+  REQUIRE(cuda::host::sum_squares(v.data(), 105, hp.data(), true, c) == 0);
+  DeviceBuf<double> dp(std::vector<double>(slots, -1.0));
+  REQUIRE(cuda::gpu::sum_squares(ddy.get(), 105, dp.get(), false, c) == 0);
+  DeviceBuf<float> values(v);
+  REQUIRE(cuda::gpu::sum_squares(values.get(), 105, dp.get(), true, c) == 0);
+  const std::vector<double> gp = dp.download();
+  for (size_t k = 0; k < slots; ++k) CHECK(gp[k] == Approx(hp[k]).epsilon(1e-12));
+  double htotal = 0;
+  REQUIRE(cuda::host::sum_partials(hp.data(), static_cast<int64_t>(slots), &htotal, c) == 0);
+  DeviceBuf<double> dtotal(std::vector<double>{0.0});
+  REQUIRE(cuda::gpu::sum_partials(dp.get(), static_cast<int64_t>(slots), dtotal.get(), c) == 0);
+  CHECK(dtotal.download()[0] == Approx(htotal).epsilon(1e-12));
+  DeviceBuf<int> dbad(std::vector<int>{0, 0});
+  REQUIRE(cuda::gpu::check_values(values.get(), 105, false, dbad.get(), c) == 0);    // finite: no flag
+  REQUIRE(cuda::gpu::check_values(values.get(), 105, true, dbad.get() + 1, c) == 0);  // some v <= 0: flag
+  const std::vector<int> bad = dbad.download();
+  CHECK(bad[0] == 0);
+  CHECK(bad[1] == 1);
 }

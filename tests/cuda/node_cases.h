@@ -46,6 +46,11 @@ struct HostMemory : DeviceMemoryBackend {
 
 inline Tensor f(Shape s, uint32_t seed, float lo = -2, float hi = 2) { return test::random_tensor(s, seed, lo, hi); }
 inline Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from<int64_t>(std::move(s), v); }
+inline Tensor bools(Shape s, const std::vector<int>& v) {
+  Tensor t(DType::Bool, std::move(s));
+  for (size_t i = 0; i < v.size(); ++i) t.data<bool>()[i] = v[i] != 0;
+  return t;
+}
 
 inline void check_node(const cuda::OpsTable& table, DeviceMemoryBackend& mem, const std::string& op, const std::vector<Tensor>& ins, const Attrs& attrs, int opset, size_t n_out = 1,
                 const std::string& domain = "", double rtol = 2e-6, double atol = 1e-7) {

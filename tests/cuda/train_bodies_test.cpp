@@ -757,6 +757,44 @@ TEST_CASE("unscale body matches GradScaler::unscale, non-finite values included"
   }
 }
 
+TEST_CASE("sum-of-squares partials give train::grad_norm; the value check flags what the training loop's check does",
+          "[cuda][host_bodies][train]") {
+  // Two gradients of odd sizes added into one set of partials, as DeviceParameters::grad_norm does.
+  std::vector<train::Parameter> ps(2);
+  ps[0].grad = test::random_tensor({41}, 31, -3, 3);
+  ps[1].grad = test::random_tensor({7, 3}, 32, -1, 1);
+  const double want = train::grad_norm(ps);
+  for (const cuda::LaunchCtx& c : test::launches_for(41)) {
+    INFO("launch " << test::launch_str(c));
+    std::vector<double> partials(static_cast<size_t>(c.shape.blocks * c.shape.threads), std::nan(""));
+    REQUIRE(cuda::host::sum_squares(ps[0].grad.data<float>(), 41, partials.data(), false, c) == 0);
+    REQUIRE(cuda::host::sum_squares(ps[1].grad.data<float>(), 21, partials.data(), true, c) == 0);
+    double total = std::nan("");
+    REQUIRE(cuda::host::sum_partials(partials.data(), static_cast<int64_t>(partials.size()), &total, c) == 0);
+    CHECK(std::sqrt(total) == Approx(want).epsilon(1e-12));
+  }
+  struct Case {
+    const char* what;
+    int64_t at;
+    float value;
+    bool positive;
+    bool flagged;
+  };
+  for (const Case& k : {Case{"finite", -1, 0, false, false}, Case{"NaN", 40, std::nanf(""), false, true},
+                        Case{"-inf", 0, -std::numeric_limits<float>::infinity(), false, true},
+                        Case{"zero step size", 13, 0.0f, true, true}, Case{"negative weight", 13, -1.0f, false, false},
+                        Case{"positive step sizes", -1, 0, true, false}}) {
+    INFO(k.what);
+    Tensor w = test::random_tensor({41}, 33, 0.01f, 1.0f);
+    if (k.at >= 0) w.data<float>()[k.at] = k.value;
+    for (const cuda::LaunchCtx& c : test::launches_for(41)) {
+      int flag = 0;
+      REQUIRE(cuda::host::check_values(w.data<float>(), 41, k.positive, &flag, c) == 0);
+      CHECK((flag != 0) == k.flagged);
+    }
+  }
+}
+
 TEST_CASE("SGD and AdamW bodies take the same steps as the CPU optimizers", "[cuda][host_bodies][train]") {
   // Three steps with changing gradients; weight decay, momentum with Nesterov (SGD), and a
   // learned-scale parameter group stepped in log space.

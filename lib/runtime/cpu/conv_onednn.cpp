@@ -87,6 +87,7 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 int64_t onednn_channel_block() { return 0; }
+bool onednn_bf16_cores() { return false; }
 
 #else
 
@@ -379,6 +380,12 @@ std::shared_ptr<Plan> usable_plan(ThreadPool& pool, const DnnlConvShape& s, bool
 }
 
 }  // namespace
+
+bool onednn_bf16_cores() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
 
 int64_t onednn_channel_block() {
   if (!onednn_enabled()) return 0;

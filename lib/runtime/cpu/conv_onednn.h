@@ -86,6 +86,11 @@ class ScopedOnednn {
 // convolutions in that layout.
 int64_t onednn_channel_block();
 
+// Whether oneDNN's effective ISA includes AVX-512 BF16 (Cooper Lake, Sapphire Rapids and later),
+// where oneDNN 2.6 prefers its batch-reduce kernels: brgconv for the FP32 forward and brdgmm for
+// depthwise, which takes no channel-blocked input (tests allow for that). False without oneDNN.
+bool onednn_bf16_cores();
+
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
 

@@ -357,6 +357,145 @@ struct Backward {
           "softmax backward kernel launch");
   }
 
+  // LayerNormalization over the last axis (the forward planner's case): the row statistics are
+  // recomputed by the forward body (the engine keeps X and Scale, as the CPU's), then dX per row
+  // and dScale / dBias per column.
+  void layer_norm() {
+    if (l.kind != LaunchKind::LayerNorm) unsupported(l.reason);
+    const bool need_x = wanted(0), need_s = wanted(1), need_b = wanted(2);
+    if (!need_x && !need_s && !need_b) return;
+    if (call.grad_outputs.empty() || !call.grad_outputs[0].defined()) unsupported("no gradient reached Y");
+    const int64_t rows = l.axis.outer, n = l.axis.n;
+    const Tensor& x = saved_input(0);
+    const Tensor& scale = saved_input(1);
+    Tensor y = out(in_shape(0)), mean = out({rows}), inv = out({rows});
+    if (rows > 0 && n > 0)
+      check(rt.ops.layer_norm(cfp(x), cfp(scale), nullptr, mfp(y), mfp(mean), mfp(inv), rows, n, l.epsilon, ctx(rows)),
+            "layer norm statistics kernel launch");
+    if (need_x) {
+      grads[0] = out(in_shape(0));
+      if (grads[0].numel() > 0)
+        check(rt.ops.layer_norm_grad_x(cfp(x), cfp(mean), cfp(inv), cfp(scale), cfp(dy()), mfp(grads[0]), rows, n, ctx(rows)),
+              "layer norm backward kernel launch");
+    }
+    if (!need_s && !need_b) return;
+    if (need_s) grads[1] = out(in_shape(1));
+    if (need_b) grads[2] = out(in_shape(2));
+    if (n > 0)
+      check(rt.ops.layer_norm_grad_params(cfp(x), cfp(mean), cfp(inv), cfp(dy()), need_s ? mfp(grads[1]) : nullptr,
+                                          need_b ? mfp(grads[2]) : nullptr, rows, n, ctx(n)),
+            "layer norm parameter backward kernel launch");
+  }
+
+  // Gather: every dX element sums the dY rows whose index names it (GatherGradBody reads all the
+  // indices per element, no atomics). That is axis_len x count work per inner element, so a large
+  // table gathered by many indices (an embedding) is left to the CPU's scatter, which is linear.
+  void gather() {
+    if (l.kind != LaunchKind::Gather) unsupported(l.reason);
+    if (!wanted(0)) return;
+    const Tensor& idx = saved_input(1);
+    if (idx.dtype() != DType::Int64) unsupported("indices not int64");
+    const int64_t count = idx.numel();
+    if (l.axis.n * count > (int64_t{1} << 22))
+      unsupported(fmt::format("{} indices into {} rows (the device body is quadratic there)", count, l.axis.n));
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() > 0)
+      check(rt.ops.gather_grad(static_cast<const int64_t*>(idx.raw_data()), cfp(dy()), mfp(grads[0]), l.axis.outer, l.axis.n,
+                               l.axis.inner, count, ctx(grads[0].numel())),
+            "gather backward kernel launch");
+  }
+
+  bool present(size_t i) const { return i < call.present.size() && call.present[i]; }
+
+  // Integer input i (starts, pads, ...) on the host: the constant the engine knows, else the kept
+  // device value downloaded (a few numbers).
+  std::vector<int64_t> host_ints(size_t i) const {
+    const Tensor* h = i < call.host_inputs.size() ? call.host_inputs[i] : nullptr;
+    Tensor down;
+    if (!h) {
+      down = rt::gpu::to_host(saved_input(i), rt.backend, rt.stream, node.name, node.op_type);
+      h = &down;
+    }
+    if (h->dtype() != DType::Int64 && h->dtype() != DType::Int32)
+      fail_input("{} (backward): input {} must be int64 or int32, got {}", node.label(), i, dtype_name(h->dtype()));
+    std::vector<int64_t> v(static_cast<size_t>(h->numel()));
+    for (int64_t k = 0; k < h->numel(); ++k) v[static_cast<size_t>(k)] = static_cast<int64_t>(h->get_double(k));
+    return v;
+  }
+
+  // Slice: dY back into the positions the slice read, zeros elsewhere.
+  void slice() {
+    if (!wanted(0)) return;
+    std::vector<int64_t> starts, ends, axes, steps;
+    if (opset < 10) {
+      starts = node.attr_ints("starts");
+      ends = node.attr_ints("ends");
+      axes = node.attr_ints("axes");
+    } else {
+      starts = host_ints(1);
+      ends = host_ints(2);
+      if (present(3)) axes = host_ints(3);
+      if (present(4)) steps = host_ints(4);
+    }
+    const cuda::SliceGeom g = cuda_plan::make_slice_grad_geom(in_shape(0), starts, ends, axes, steps);
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() > 0)
+      check(rt.ops.slice_grad(g, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())), "slice backward kernel launch");
+  }
+
+  // Pad in constant mode: dX is the window of dY that X occupies.
+  void pad() {
+    if (!wanted(0)) return;
+    if (opset < 2) unsupported("Pad-1's paddings attribute");
+    const std::string mode = node.attr_string("mode", "constant");
+    if (mode != "constant") unsupported("Pad mode '" + mode + "'");
+    if (present(3)) unsupported("Pad with axes");
+    const std::vector<int64_t> pads = opset < 11 ? node.attr_ints("pads") : host_ints(1);
+    for (int64_t p : pads)
+      if (p < 0) unsupported("negative pads (cropping)");
+    const cuda::StridedView v = cuda_plan::make_pad_grad_view(in_shape(0), pads);
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() > 0)
+      check(rt.ops.strided_copy(v, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())), "pad backward kernel launch");
+  }
+
+  // PRelu: dX per element, and the slope's per-element term summed to the slope's shape.
+  void prelu() {
+    const bool need_x = wanted(0), need_s = wanted(1);
+    if (!need_x && !need_s) return;
+    Shape joined;
+    const cuda::Broadcast2 bc = cuda_plan::make_broadcast2(in_shape(0), in_shape(1), &joined);
+    if (joined != in_shape(0)) unsupported("slope that does not broadcast to X's shape");
+    const int64_t n = shape_numel(in_shape(0));
+    Tensor term = need_s ? out(in_shape(0)) : Tensor();
+    if (need_x) grads[0] = out(in_shape(0));
+    if (n > 0)
+      check(rt.ops.prelu_grad(bc, cfp(saved_input(0)), cfp(saved_input(1)), cfp(dy()), need_x ? mfp(grads[0]) : nullptr,
+                              need_s ? mfp(term) : nullptr, n, ctx(n)),
+            "PRelu backward kernel launch");
+    if (need_s) grads[1] = sum_to(term, in_shape(1));
+  }
+
+  // Where: dY where the condition picks the branch, summed to the branch's shape.
+  void where() {
+    if (!wanted(1) && !wanted(2)) return;
+    const Tensor& cond = saved_input(0);
+    if (cond.dtype() != DType::Bool) unsupported("a condition that is not bool");
+    const Shape& ys = dy().shape();
+    Shape joined;
+    const cuda::Broadcast2 bc = cuda_plan::make_broadcast2(in_shape(0), ys, &joined);
+    if (joined != ys) fail_internal("{} (backward): the condition does not broadcast to Y", node.label());
+    const int64_t n = shape_numel(ys);
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      if (!wanted(i)) continue;
+      Tensor masked = out(ys);
+      if (n > 0)
+        check(rt.ops.where_grad(bc, static_cast<const bool*>(cond.raw_data()), cfp(dy()), mfp(masked), n, i == 1, ctx(n)),
+              "Where backward kernel launch");
+      grads[i] = sum_to(masked, in_shape(i));
+    }
+  }
+
   void clip() {
     if (!wanted(0)) return;
     float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
@@ -436,6 +575,14 @@ struct Backward {
     else if (op == "ReduceSum" || op == "ReduceMean") broadcast_back(reduce_axes(), op == "ReduceMean");
     else if (op == "Softmax" || op == "LogSoftmax") softmax();
     else if (op == "Clip") clip();
+    else if (op == "LayerNormalization") layer_norm();
+    else if (op == "Gather") gather();
+    else if (op == "Slice") slice();
+    else if (op == "Pad") pad();
+    else if (op == "Expand") {
+      if (wanted(0)) grads[0] = sum_to(dy(), in_shape(0));
+    } else if (op == "PRelu") prelu();
+    else if (op == "Where") where();
     else if (op == "Transpose") transpose();
     else if (l.kind == LaunchKind::Unary) unary();
     else unsupported("no device backward for " + op + " yet");

@@ -12,7 +12,10 @@
 // STE mask and LSQ's scale gradient) and mpq::FakeQuantBias, Conv (1-3-D, cuDNN backward-data and
 // backward-filter; bias per channel), Gemm (alpha = beta = 1) and MatMul (equal batches, or a 2-D B),
 // 2-D MaxPool / AveragePool, GlobalAveragePool / GlobalMaxPool, Softmax / LogSoftmax, Clip (bounds
-// known on the host), ReduceSum / ReduceMean (axes known on the host) and Transpose. Anything else,
+// known on the host), ReduceSum / ReduceMean (axes known on the host), Transpose,
+// LayerNormalization (over the last axis; statistics recomputed), Gather (int64 indices; up to
+// 4M row x index pairs, beyond which the CPU's linear scatter is the better place), Slice, Pad
+// (constant mode, pads >= 0), Expand, PRelu and Where. Anything else,
 // or a case outside what the forward planner takes, throws Unsupported naming the node: the engine
 // then runs the CPU backward kernel with explicit copies.
 //
