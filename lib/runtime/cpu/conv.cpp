@@ -576,6 +576,18 @@ void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w,
   ThreadPool& pool = ctx.pool();
   const int64_t N = x.dim(0);
   const int64_t xs = x.dim(2) * x.dim(3), ys = y.dim(2) * y.dim(3);
+  // Depthwise from a blocked X: computed in X's blocks (then unblocked if Y is plain), with the
+  // epilogue elementwise on Y's layout when Z (if any) shares it.
+  const int64_t C = x.dim(1);
+  if (G == C && C > 1 && w.dim(0) == C && w.dim(1) == 1 && win.rank() == 2 && io.x != 0 && (io.y == 0 || io.y == io.x) &&
+      (epi.z == nullptr || io.z == io.y)) {
+    Tensor blocked_y = io.y ? y : Tensor(DType::Float32, y.shape());
+    depthwise_conv2d_blocked(pool, x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, blocked_y.data<float>(), N,
+                             C, io.x, to_window3(win));
+    if (!io.y) from_channel_blocks(pool, blocked_y.data<float>(), y.data<float>(), N, C, ys, io.x);
+    if (epi.active()) apply_epilogue_all(pool, epi, y.data<float>(), y.numel());
+    return;
+  }
   Tensor plain_x = x;
   if (io.x) {
     plain_x = Tensor(DType::Float32, x.shape());

@@ -128,4 +128,9 @@ void split_stride2(const float* src, float* dst0, float* dst1, int64_t n);
 void depthwise_conv2d(ThreadPool& pool, const float* x, const float* w, const float* bias, float* y, int64_t n,
                       int64_t c, int64_t mult, const Window3& g);
 
+// The same (multiplier 1, 2-D) with X and Y channel-blocked ([N, C/block, H, W, block], block 8
+// or 16, C a multiple of it): conv_depthwise_blocked.cpp. `bias` may be null.
+void depthwise_conv2d_blocked(ThreadPool& pool, const float* x, const float* w, const float* bias, float* y, int64_t n,
+                              int64_t c, int64_t block, const Window3& g);
+
 }  // namespace mpq::rt::cpu

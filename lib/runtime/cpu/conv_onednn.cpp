@@ -120,7 +120,9 @@ dnnl::engine& engine() {
 }
 
 // oneDNN's implementation names for a JIT direct convolution (see Plan::direct).
-bool is_direct_impl(const std::string& impl) { return impl.rfind("jit", 0) == 0 || impl.rfind("brgconv", 0) == 0; }
+bool is_direct_impl(const std::string& impl) {
+  return impl.rfind("jit", 0) == 0 || impl.rfind("brgconv", 0) == 0 || impl.rfind("brdgmm", 0) == 0;
+}
 
 // One convolution's primitives: the convolution on oneDNN's preferred layouts and the reorders
 // from and to the plain NCHW / OIHW tensors mpq holds. Primitives are immutable once created and
