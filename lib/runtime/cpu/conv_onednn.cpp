@@ -136,8 +136,9 @@ struct Plan {
   dnnl::reorder src_in, wei_in, dst_out, z_in;
   bool reorder_src = false, reorder_wei = false, reorder_dst = false, reorder_z = false;
   // A JIT direct kernel, not oneDNN's im2col + GEMM or reference fallback: "jit:..." or, where
-  // oneDNN prefers its batch-reduce kernels (AVX-512 cores with AMX / BF16, e.g. Sapphire Rapids,
-  // for the forward), "brgconv:..." / "brgconv_1x1:...".
+  // oneDNN prefers its batch-reduce kernels (AVX-512 cores with BF16 / AMX, e.g. Sapphire Rapids,
+  // for the forward), "brgconv:..." / "brgconv_1x1:..." and, for depthwise, "brdgmm_dw:..."
+  // (which takes no channel-blocked input: those run mpq's blocked depthwise kernel).
   bool direct = false;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
