@@ -55,6 +55,7 @@ struct OpsTable {
                              const LaunchCtx&);
   int (*layer_norm_grad_x)(const float*, const float*, const float*, const float*, const float*, float*, int64_t, int64_t,
                            const LaunchCtx&);
+  int (*resize2d_grad)(const Resize2dGeom&, const float*, float*, const LaunchCtx&);
   int (*slice_grad)(const SliceGeom&, const float*, float*, int64_t, const LaunchCtx&);
   int (*prelu_grad)(const Broadcast2&, const float*, const float*, const float*, float*, float*, int64_t, const LaunchCtx&);
   int (*where_grad)(const Broadcast2&, const bool*, const float*, float*, int64_t, bool, const LaunchCtx&);

@@ -54,8 +54,10 @@ inline void check_backward(const cuda::OpsTable& table, DeviceMemoryBackend& mem
       const bool present = t.defined();
       call.present.push_back(present ? 1 : 0);
       call.input_shapes.push_back(present ? t.shape() : Shape{});
-      // Constants the engine knows on the host: integer inputs (axes, shapes) and Clip's bounds.
-      call.host_inputs.push_back(present && (t.dtype() != DType::Float32 || (c.op == "Clip" && i > 0)) ? &t : nullptr);
+      // Constants the engine knows on the host: integer inputs (axes, shapes), Clip's bounds and
+      // Resize's roi and scales.
+      call.host_inputs.push_back(
+          present && (t.dtype() != DType::Float32 || ((c.op == "Clip" || c.op == "Resize") && i > 0)) ? &t : nullptr);
       call.inputs.push_back(present && train::in_mask(def->saved_inputs, i) ? to_device(t, alloc, mem, nullptr, "in", "Input") : Tensor());
     }
     call.outputs.push_back(train::in_mask(def->saved_outputs, 0) ? to_device(y, alloc, mem, nullptr, "y", "Output") : Tensor());
@@ -149,6 +151,11 @@ inline std::vector<GradCase> backward_cases() {
       {"Expand", {f({3, 1, 4}, 56), i64({4}, {2, 3, 5, 4})}, {}, 13, {1, 0}},
       {"PRelu", {f({2, 3, 4, 5}, 57), f({3, 1, 1}, 58, 0.05f, 0.3f)}, {}, 16, {1, 1}},
       {"Where", {bools({3, 1}, {1, 0, 1}), f({3, 4}, 59), f({4}, 60)}, {}, 16, {0, 1, 1}},
+      // Resize: nearest upsampling by scales, linear (half-pixel) by sizes to odd lengths; Neg.
+      {"Resize", {f({2, 3, 4, 5}, 61), Tensor(), Tensor::from<float>({4}, {1, 1, 2, 2})}, {}, 13, {1, 0, 0}},
+      {"Resize", {f({1, 2, 5, 3}, 62), Tensor(), Tensor(), i64({4}, {1, 2, 7, 8})}, {A::make_string("mode", "linear")}, 13,
+       {1, 0, 0, 0}},
+      {"Neg", {f({3, 7}, 63)}, {}, 13, {1}},
       {"FakeQuantBias", {f({6}, 40), Tensor::scalar<float>(0.05f), f({6}, 41, 0.01f, 0.1f)}, {}, 13, {1, 0, 0}, "mpq"},
   };
 }

@@ -496,6 +496,16 @@ struct Backward {
     }
   }
 
+  // Resize (2-D nearest / linear as the forward planner takes it): every dX element sums the dY
+  // taps that read it (Resize2dGradBody; no atomics).
+  void resize() {
+    if (l.kind != LaunchKind::Resize2d) unsupported(l.reason);
+    if (!wanted(0)) return;
+    grads[0] = out(in_shape(0));
+    if (grads[0].numel() > 0)
+      check(rt.ops.resize2d_grad(l.resize, cfp(dy()), mfp(grads[0]), ctx(grads[0].numel())), "resize backward kernel launch");
+  }
+
   void clip() {
     if (!wanted(0)) return;
     float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
@@ -539,6 +549,13 @@ struct Backward {
 
   void unary() {
     if (!wanted(0)) return;
+    if (l.unary == cuda::UnaryOp::Neg) {  // dX = -dY: the engine keeps neither X nor Y for it
+      grads[0] = out(in_shape(0));
+      if (grads[0].numel() > 0)
+        check(rt.ops.unary(cuda::UnaryOp::Neg, 0, 0, cfp(dy()), mfp(grads[0]), grads[0].numel(), ctx(grads[0].numel())),
+              "negation kernel launch");
+      return;
+    }
     // The body reads X and Y; each derivative uses the one the CPU engine keeps for the op, so the
     // other pointer may stand in for a value that was not kept.
     const bool have_x = !call.inputs.empty() && call.inputs[0].defined();
@@ -583,6 +600,7 @@ struct Backward {
       if (wanted(0)) grads[0] = sum_to(dy(), in_shape(0));
     } else if (op == "PRelu") prelu();
     else if (op == "Where") where();
+    else if (op == "Resize") resize();
     else if (op == "Transpose") transpose();
     else if (l.kind == LaunchKind::Unary) unary();
     else unsupported("no device backward for " + op + " yet");

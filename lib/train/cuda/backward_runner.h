@@ -15,7 +15,8 @@
 // known on the host), ReduceSum / ReduceMean (axes known on the host), Transpose,
 // LayerNormalization (over the last axis; statistics recomputed), Gather (int64 indices; up to
 // 4M row x index pairs, beyond which the CPU's linear scatter is the better place), Slice, Pad
-// (constant mode, pads >= 0), Expand, PRelu and Where. Anything else,
+// (constant mode, pads >= 0), Expand, PRelu, Where and Resize (2-D nearest / linear, as the
+// forward planner takes it). Anything else,
 // or a case outside what the forward planner takes, throws Unsupported naming the node: the engine
 // then runs the CPU backward kernel with explicit copies.
 //
