@@ -8,118 +8,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <functional>
 #include <limits>
-#include <set>
 #include <utility>
 
-#include "calib/calibrator.h"
-#include "ir/onnx_io.h"
-#include "node_cases.h"
-#include "passes/fold_constants.h"
-#include "passes/fuse_conv_bn.h"
-#include "passes/insert_fake_quant.h"
-#include "passes/pass.h"
-#include "train/autograd.h"
-#include "train/checkpoint.h"
+#include "autograd_compare.h"
 #include "train/device_update.h"
-#include "train/grad_scaler.h"
-#include "train/optimizer.h"
-#include "train/trainer.h"
 
 using namespace mpq;
 using namespace mpq::test;
-
-namespace {
-
-// The model as qat-finetune trains it: constants folded, BatchNorm fused, FakeQuant inserted from
-// a min/max calibration on the model's shipped feeds.
-ir::Model fake_quant_student(const std::string& stem) {
-  ir::Model m = ir::load_model(test::source_dir() / "tests/models" / (stem + ".onnx"));
-  passes::FoldConstants fold;
-  passes::run_pass(fold, m);
-  passes::FuseConvBn fuse;
-  passes::run_pass(fuse, m);
-  data::FeedSource src = data::FeedSource::open(test::source_dir() / "tests/models" / (stem + "_data"), m);
-  calib::CalibOptions co;
-  co.method = calib::RangeMethod::MinMax;
-  const calib::CalibrationTable table = calib::calibrate(m, src, co);
-  passes::QdqOptions o;
-  passes::insert_fake_quant(m, table, o);
-  return m;
-}
-
-// `grad_tol`: rel-L2 bound on every parameter gradient. FP32 graphs agree to float rounding. A
-// FakeQuant student amplifies a convolution summed in another order (the device's direct body vs
-// the CPU's GEMM): a value that lands on the other side of a rounding boundary changes by a whole
-// step, and the step-size gradient of its quantizer by dY there. On mobilenetv3's student that
-// moves one activation step size's gradient by 13% and the rest by 0.02-3%. With the CPU's own
-// forward convolutions (the declining table below) the same students agree to 1e-4, which is what
-// shows the device backward itself is right.
-void compare_engines(const ir::Model& model, bool training, uint32_t seed, double grad_tol = 1e-4,
-                     const mpq::cuda::OpsTable* table = nullptr) {
-  const rt::Feeds feeds = test::random_feeds(model, seed);
-  train::AutogradOptions co;
-  co.threads = 1;
-  co.training = training;
-  train::Autograd cpu(model, co);
-  HostMemory mem;  // outlives the device engine
-  train::AutogradOptions go = co;
-  go.device = rt::BackendKind::CUDA;
-  go.cuda_ops = table ? table : &mpq::cuda::host_ops_table();
-  go.cuda_memory = &mem;
-  train::Autograd dev(model, go);
-  REQUIRE(dev.parameters().size() == cpu.parameters().size());
-  REQUIRE_FALSE(cpu.parameters().empty());
-
-  const std::vector<Tensor> out_c = cpu.forward(feeds), out_d = dev.forward(feeds);
-  REQUIRE(out_c.size() == out_d.size());
-  std::vector<Tensor> dy;
-  for (size_t j = 0; j < out_c.size(); ++j) {
-    INFO("output " << j);
-    CHECK(rel_l2(out_d[j], out_c[j]) < 1e-5);
-    dy.push_back(test::random_tensor(out_c[j].shape(), seed + 100 + static_cast<uint32_t>(j)));
-  }
-  cpu.backward(dy);
-  dev.backward(dy);
-  for (size_t k = 0; k < cpu.parameters().size(); ++k) {
-    const train::Parameter& pc = cpu.parameters()[k];
-    const train::Parameter& pd = dev.parameters()[k];
-    INFO("parameter " << pc.name);
-    REQUIRE(pd.name == pc.name);
-    double norm = 0;
-    for (int64_t i = 0; i < pc.grad.numel(); ++i) norm += pc.grad.get_double(i) * pc.grad.get_double(i);
-    if (norm > 0) {
-      CHECK(rel_l2(pd.grad, pc.grad) < grad_tol);
-    } else {
-      double got = 0;
-      for (int64_t i = 0; i < pd.grad.numel(); ++i) got += std::fabs(pd.grad.get_double(i));
-      CHECK(got == 0.0);
-    }
-  }
-  // The heavy ops really ran on the device, forward and backward (a node that fell back would
-  // still give the right numbers, so this is checked on its own). With `table` declining the
-  // convolution forward, Conv's forward is expected on the CPU, its backward still on the device.
-  const std::set<std::string> fell_back = dev.device_fallbacks();
-  std::set<std::string> ops_in_model;
-  for (const auto& n : model.graph->nodes()) ops_in_model.insert(n->op_type);
-  for (const char* op : {"Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "HardSwish", "GlobalAveragePool", "Softmax", "FakeQuant",
-                         "LayerNormalization"}) {
-    if (!ops_in_model.count(op)) continue;
-    INFO("op " << op);
-    CHECK_FALSE(fell_back.count(std::string(op) + " (backward)"));
-    if (!(table && std::string(op) == "Conv")) CHECK_FALSE(fell_back.count(op));
-  }
-  if (table && ops_in_model.count("Conv")) CHECK(fell_back.count("Conv"));
-  REQUIRE(dev.state().size() == cpu.state().size());
-  for (size_t k = 0; k < cpu.state().size(); ++k) {
-    INFO("running state " << cpu.state()[k].name);
-    CHECK(rel_l2(dev.state()[k].value, cpu.state()[k].value) < 1e-5);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("device-mode autograd matches the CPU engine on whole models", "[cuda][host_bodies][train]") {
   SECTION("FP32 models, eval and training mode (BatchNorm's batch statistics on the CPU with copies)") {
@@ -127,14 +23,16 @@ TEST_CASE("device-mode autograd matches the CPU engine on whole models", "[cuda]
     for (const char* name : {"resnet_bn_op17.onnx", "mobilenetv3_op17.onnx", "transformer_op17.onnx"})
       for (bool training : {false, true}) {
         INFO(name << (training ? " training" : " eval"));
-        compare_engines(test::load_test_model(name), training, seed++);
+        HostMemory mem;
+        compare_engines(test::load_test_model(name), training, seed++, mpq::cuda::host_ops_table(), mem);
       }
   }
   SECTION("FakeQuant students (weights, activations and step sizes trained)") {
     uint32_t seed = 20;
     for (const char* stem : {"resnet_bn_op13", "mobilenetv3_op17"}) {
       INFO(stem);
-      compare_engines(fake_quant_student(stem), false, seed++, 0.25);
+      HostMemory mem;
+      compare_engines(fake_quant_student(stem), false, seed++, mpq::cuda::host_ops_table(), mem, 0.25);
     }
   }
 }
@@ -156,7 +54,8 @@ TEST_CASE("device-mode autograd with the convolution forward declined: nodes fal
   uint32_t seed = 40;
   for (const char* stem : {"resnet_bn_op13", "mobilenetv3_op17"}) {
     INFO(stem);
-    compare_engines(fake_quant_student(stem), false, seed++, 5e-4, &declining);
+    HostMemory mem;
+    compare_engines(fake_quant_student(stem), false, seed++, declining, mem, 5e-4, true);
   }
 }
 
@@ -184,124 +83,6 @@ TEST_CASE("device-mode autograd refuses what it does not train", "[cuda][host_bo
   }
 }
 
-namespace {
-
-// Host memory posing as device memory that counts the bytes copied each way, to show what stays on
-// the device between steps.
-struct CountingMemory : HostMemory {
-  size_t to_host = 0;
-  int copy(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) override {
-    if (kind == CopyKind::DeviceToHost) to_host += bytes;
-    return HostMemory::copy(dst, src, bytes, kind, stream);
-  }
-};
-
-using MakeOptimizer = std::function<std::unique_ptr<train::Optimizer>(std::vector<train::ParamGroup>)>;
-
-struct Run {
-  std::vector<double> losses, norms;
-  std::vector<Tensor> weights;
-  train::Checkpoint state;  // parameters and optimizer state after the last step
-  size_t param_bytes = 0;
-  size_t to_host_after_first = 0;  // bytes downloaded in the steps after the first
-  size_t graph_to_host = 0;        // the same number of forwards and backwards alone (outputs, CPU fallbacks)
-};
-
-constexpr double kMaxGradNorm = 0.2;
-
-// `steps` trainer steps of a regression loss on resnet_bn (eval mode; BatchNorm runs on the CPU),
-// two parameter groups (weight decay; a log-space group at half the rate), clipping that bites and
-// loss scaling; optionally starting from a checkpoint.
-Run train_steps(bool on_device, const MakeOptimizer& make, int steps, const train::Checkpoint* resume = nullptr) {
-  const ir::Model model = test::load_test_model("resnet_bn_op17.onnx");
-  const rt::Feeds feeds = test::random_feeds(model, 7);
-  const std::vector<Tensor> target = train::Autograd(model, {}).forward(feeds);
-  CountingMemory mem;
-  train::AutogradOptions o;
-  o.threads = 1;
-  o.training = false;
-  if (on_device) {
-    o.device = rt::BackendKind::CUDA;
-    o.cuda_ops = &mpq::cuda::host_ops_table();
-    o.cuda_memory = &mem;
-  }
-  train::Autograd engine(model, o);
-  REQUIRE((engine.device_update() != nullptr) == on_device);
-  std::vector<train::ParamGroup> groups = {train::ParamGroup{"w", {}, 1.0, 0.01, false},
-                                           train::ParamGroup{"s", {}, 0.5, 0.0, true}};
-  Run run;
-  for (size_t k = 0; k < engine.parameters().size(); ++k) {
-    groups[k % 3 == 2 ? 1 : 0].params.push_back(k);
-    run.param_bytes += engine.parameters()[k].value.nbytes();
-  }
-  std::unique_ptr<train::Optimizer> opt = make(groups);
-  train::GradScaler scaler(train::GradScalerOptions{1024.0, 2.0, 0.5, 2000, true});
-  if (resume) {
-    for (train::Parameter& p : engine.parameters()) {
-      const Tensor& t = resume->get("param/" + p.name);
-      std::memcpy(p.value.raw_data(), t.raw_data(), t.nbytes());
-    }
-    opt->load(*resume, std::as_const(engine).parameters());
-  }
-  train::Trainer trainer(engine, *opt, scaler, train::LrSchedule{3e-3, 0, 8}, kMaxGradNorm);
-  const int64_t start = resume ? resume->meta().at("step").get<int64_t>() : 0;
-  trainer.set_steps_done(start);
-  for (int s = 0; s < steps; ++s) {
-    if (s == 1) mem.to_host = 0;
-    const train::StepResult r = trainer.step(feeds, [&](const std::vector<Tensor>& outs) {
-      train::LossOutput l;
-      for (size_t j = 0; j < outs.size(); ++j) {
-        Tensor g(DType::Float32, outs[j].shape());
-        for (int64_t i = 0; i < g.numel(); ++i) {
-          const double d = outs[j].get_double(i) - target[j].get_double(i) + 0.1;
-          l.value += d * d / static_cast<double>(g.numel());
-          g.data<float>()[i] = static_cast<float>(2 * d / static_cast<double>(g.numel()));
-        }
-        l.output_grads.push_back(g);
-      }
-      return l;
-    });
-    REQUIRE_FALSE(r.skipped);
-    run.losses.push_back(r.loss);
-    run.norms.push_back(r.grad_norm);
-  }
-  run.to_host_after_first = mem.to_host;
-  mem.to_host = 0;
-  for (int s = 1; s < steps; ++s) {
-    const std::vector<Tensor> outs = engine.forward(feeds);
-    std::vector<Tensor> dy;
-    for (const Tensor& t : outs) dy.push_back(test::random_tensor(t.shape(), 70));
-    engine.backward(dy);
-    engine.zero_grad();
-  }
-  run.graph_to_host = mem.to_host;
-  for (const train::Parameter& p : std::as_const(engine).parameters()) {
-    run.weights.push_back(p.value.clone());
-    run.state.put("param/" + p.name, p.value);
-  }
-  opt->save(run.state, std::as_const(engine).parameters());
-  run.state.meta()["step"] = start + steps;
-  return run;
-}
-
-void check_same_run(const Run& dev, const Run& cpu) {
-  REQUIRE(dev.losses.size() == cpu.losses.size());
-  for (size_t s = 0; s < cpu.losses.size(); ++s) {
-    INFO("step " << s);
-    CHECK(dev.losses[s] == Approx(cpu.losses[s]).epsilon(1e-5));
-    CHECK(dev.norms[s] == Approx(cpu.norms[s]).epsilon(1e-5));
-  }
-  for (size_t k = 0; k < cpu.weights.size(); ++k) CHECK(rel_l2(dev.weights[k], cpu.weights[k]) < 1e-5);
-  // Same optimizer state under the same names (downloaded from the device for the checkpoint).
-  REQUIRE(dev.state.tensors().size() == cpu.state.tensors().size());
-  for (const auto& [name, t] : cpu.state.tensors()) {
-    INFO(name);
-    REQUIRE(dev.state.has(name));
-    CHECK(rel_l2(dev.state.get(name), t) < 1e-4);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("device-mode training steps follow the CPU engine's, with the update on the device", "[cuda][host_bodies][train]") {
   // GradScaler's unscale, clipping by the global norm and the optimizer run through the kernel
@@ -315,8 +96,9 @@ TEST_CASE("device-mode training steps follow the CPU engine's, with the update o
       {"sgd plain", [](std::vector<train::ParamGroup> g) { return train::make_sgd(std::move(g), {0.0, 0.0, false}); }}};
   for (const auto& [name, make] : optimizers) {
     INFO(name);
-    const Run cpu = train_steps(false, make, 4);
-    const Run dev = train_steps(true, make, 4);
+    HostMemory mem;
+    const Run cpu = train_steps(false, make, 4, mpq::cuda::host_ops_table(), mem);
+    const Run dev = train_steps(true, make, 4, mpq::cuda::host_ops_table(), mem);
     check_same_run(dev, cpu);
     CHECK(dev.norms[0] > kMaxGradNorm);  // clipping was active
     // What the update itself downloaded in three steps (flags and norms): far below the weights.
@@ -329,9 +111,11 @@ TEST_CASE("device-mode training resumes from a checkpoint of device state", "[cu
   // Two steps, a checkpoint (optimizer state downloaded), a fresh device engine loading it (host
   // values uploaded at its first step), two more: the same as four steps in one go.
   const MakeOptimizer adamw = [](std::vector<train::ParamGroup> g) { return train::make_adamw(std::move(g)); };
-  const Run whole = train_steps(true, adamw, 4);
-  const Run first = train_steps(true, adamw, 2);
-  const Run second = train_steps(true, adamw, 2, &first.state);
+  HostMemory mem;
+  const mpq::cuda::OpsTable& host = mpq::cuda::host_ops_table();
+  const Run whole = train_steps(true, adamw, 4, host, mem);
+  const Run first = train_steps(true, adamw, 2, host, mem);
+  const Run second = train_steps(true, adamw, 2, host, mem, &first.state);
   for (size_t k = 0; k < whole.weights.size(); ++k) CHECK(rel_l2(second.weights[k], whole.weights[k]) < 1e-6);
   CHECK(second.losses[1] == Approx(whole.losses[3]).epsilon(1e-6));
 }
