@@ -37,6 +37,9 @@ struct LaunchCtx {
   int strided_copy(const StridedView& v, const float* x, float* y, int64_t n, const LaunchCtx& c);                \
   int gather_grad(const int64_t* indices, const float* dy, float* dx, int64_t outer, int64_t axis_len,            \
                   int64_t inner, int64_t count, const LaunchCtx& c);                                              \
+  /* offsets: axis_len + 1 row starts into positions (count index positions, grouped by row) */                   \
+  int gather_grad_indexed(const int64_t* offsets, const int64_t* positions, const float* dy, float* dx,          \
+                          int64_t outer, int64_t axis_len, int64_t inner, int64_t count, const LaunchCtx& c);      \
   int slice_grad(const SliceGeom& g, const float* dy, float* dx, int64_t n, const LaunchCtx& c);                   \
   int concat_part(const float* x, float* y, int64_t outer, int64_t part, int64_t inner, int64_t total,             \
                   int64_t offset, const LaunchCtx& c);                                                              \

@@ -59,7 +59,8 @@ struct OpsTable {
   int (*slice_grad)(const SliceGeom&, const float*, float*, int64_t, const LaunchCtx&);
   int (*prelu_grad)(const Broadcast2&, const float*, const float*, const float*, float*, float*, int64_t, const LaunchCtx&);
   int (*where_grad)(const Broadcast2&, const bool*, const float*, float*, int64_t, bool, const LaunchCtx&);
-  int (*gather_grad)(const int64_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t, const LaunchCtx&);
+  int (*gather_grad_indexed)(const int64_t*, const int64_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
+                             const LaunchCtx&);
   int (*layer_norm_grad_params)(const float*, const float*, const float*, const float*, float*, float*, int64_t, int64_t,
                                 const LaunchCtx&);
   // The parameter update (version 7): GradScaler's unscale, the global gradient norm's partial sums,

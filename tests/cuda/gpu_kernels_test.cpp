@@ -127,6 +127,11 @@ TEST_CASE("GPU pooling, resize and data-movement launchers match the host harnes
   const std::vector<float> gdy = rnd(2 * 3 * 4 * 8, 8);
   close_on_both(gdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::gather_grad(idx.data(), d, dx, 6, 9, 8, 4, c); },
                 [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::gather_grad(didx.get(), d, dx, 6, 9, 8, 4, c); });
+  // The indexed form for the same indices (row 0: position 1; row 5: positions 2, 3; row 8: 0).
+  const std::vector<int64_t> offs = {0, 1, 1, 1, 1, 1, 3, 3, 3, 4}, poss = {1, 2, 3, 0};
+  DeviceBuf<int64_t> doffs(offs), dposs(poss);
+  close_on_both(gdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::gather_grad(idx.data(), d, dx, 6, 9, 8, 4, c); },
+                [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::gpu::gather_grad_indexed(doffs.get(), dposs.get(), d, dx, 6, 9, 8, 4, c); });
   const cuda::SliceGeom sg = rt::cuda_plan::make_slice_grad_geom({2, 3, 9, 8}, {-1, 1}, {-100, 8}, {2, 3}, {-2, 3});
   const std::vector<float> sdy = rnd(2 * 3 * 5 * 3, 9);
   same_on_both(sdy, x.size(), [&](const float* d, float* dx, const cuda::LaunchCtx& c) { return cuda::host::slice_grad(sg, d, dx, 432, c); },

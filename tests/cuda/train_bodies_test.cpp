@@ -269,6 +269,17 @@ TEST_CASE("data-movement backward: Gather and Slice bodies, Transpose and Concat
         return cuda::host::gather_grad(in_axis.data(), dy.data<float>(), dx, v.outer, v.n, v.inner,
                                        static_cast<int64_t>(in_axis.size()), c);
       });
+      // The indexed body with the inverse index: row offsets and positions grouped by row.
+      std::vector<int64_t> offsets(static_cast<size_t>(v.n + 1), 0), positions;
+      for (int64_t k : in_axis) ++offsets[static_cast<size_t>((k < 0 ? k + v.n : k) + 1)];
+      for (int64_t a = 0; a < v.n; ++a) offsets[static_cast<size_t>(a + 1)] += offsets[static_cast<size_t>(a)];
+      for (int64_t a = 0; a < v.n; ++a)
+        for (size_t k = 0; k < in_axis.size(); ++k)
+          if ((in_axis[k] < 0 ? in_axis[k] + v.n : in_axis[k]) == a) positions.push_back(static_cast<int64_t>(k));
+      test::check_every_launch(want, 1e-6, 1e-6, [&](float* dx, const cuda::LaunchCtx& c) {
+        return cuda::host::gather_grad_indexed(offsets.data(), positions.data(), dy.data<float>(), dx, v.outer, v.n, v.inner,
+                                               static_cast<int64_t>(in_axis.size()), c);
+      });
     }
   }
   SECTION("Slice: steps forwards and backwards, negative starts, clamped ends, an empty axis") {

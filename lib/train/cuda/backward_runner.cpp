@@ -1,7 +1,9 @@
 #include "train/cuda/backward_runner.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "calib/quant_ref.h"
 #include "core/error.h"
@@ -387,22 +389,37 @@ struct Backward {
             "layer norm parameter backward kernel launch");
   }
 
-  // Gather: every dX element sums the dY rows whose index names it (GatherGradBody reads all the
-  // indices per element, no atomics). That is axis_len x count work per inner element, so a large
-  // table gathered by many indices (an embedding) is left to the CPU's scatter, which is linear.
+  // Gather: every dX element sums the dY rows whose index names it, in index order (no atomics),
+  // through an inverse index built on the host from the indices (a counting sort: row offsets and
+  // the positions grouped by row), so the work is linear in the indices and the table, as the CPU's
+  // scatter (an embedding table's backward).
   void gather() {
     if (l.kind != LaunchKind::Gather) unsupported(l.reason);
     if (!wanted(0)) return;
-    const Tensor& idx = saved_input(1);
-    if (idx.dtype() != DType::Int64) unsupported("indices not int64");
-    const int64_t count = idx.numel();
-    if (l.axis.n * count > (int64_t{1} << 22))
-      unsupported(fmt::format("{} indices into {} rows (the device body is quadratic there)", count, l.axis.n));
+    const int64_t rows = l.axis.n;
+    std::vector<int64_t> idx = host_ints(1);
+    const int64_t count = static_cast<int64_t>(idx.size());
+    Tensor offsets(DType::Int64, {rows + 1}), positions(DType::Int64, {std::max<int64_t>(count, 1)});
+    int64_t* off = offsets.data<int64_t>();
+    std::fill(off, off + rows + 1, 0);
+    for (int64_t& v : idx) {
+      if (v < 0) v += rows;
+      if (v >= 0 && v < rows) ++off[v + 1];  // out of range: the forward reported it
+    }
+    for (int64_t a = 0; a < rows; ++a) off[a + 1] += off[a];
+    std::vector<int64_t> next(off, off + rows);
+    for (int64_t k = 0; k < count; ++k)
+      if (idx[static_cast<size_t>(k)] >= 0 && idx[static_cast<size_t>(k)] < rows)
+        positions.data<int64_t>()[next[static_cast<size_t>(idx[static_cast<size_t>(k)])]++] = k;
+    const Tensor d_off = rt::gpu::to_device(offsets, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
+    const Tensor d_pos = rt::gpu::to_device(positions, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
     grads[0] = out(in_shape(0));
     if (grads[0].numel() > 0)
-      check(rt.ops.gather_grad(static_cast<const int64_t*>(idx.raw_data()), cfp(dy()), mfp(grads[0]), l.axis.outer, l.axis.n,
-                               l.axis.inner, count, ctx(grads[0].numel())),
+      check(rt.ops.gather_grad_indexed(static_cast<const int64_t*>(d_off.raw_data()), static_cast<const int64_t*>(d_pos.raw_data()),
+                                       cfp(dy()), mfp(grads[0]), l.axis.outer, rows, l.axis.inner, count, ctx(grads[0].numel())),
             "gather backward kernel launch");
+    // The host index arrays die here: the copies must have read them.
+    check(rt.backend.synchronize(rt.stream), "gather backward synchronisation");
   }
 
   bool present(size_t i) const { return i < call.present.size() && call.present[i]; }

@@ -13,8 +13,8 @@
 // backward-filter; bias per channel), Gemm (alpha = beta = 1) and MatMul (equal batches, or a 2-D B),
 // 2-D MaxPool / AveragePool, GlobalAveragePool / GlobalMaxPool, Softmax / LogSoftmax, Clip (bounds
 // known on the host), ReduceSum / ReduceMean (axes known on the host), Transpose,
-// LayerNormalization (over the last axis; statistics recomputed), Gather (int64 indices; up to
-// 4M row x index pairs, beyond which the CPU's linear scatter is the better place), Slice, Pad
+// LayerNormalization (over the last axis; statistics recomputed), Gather (through an inverse index
+// built on the host from the downloaded indices), Slice, Pad
 // (constant mode, pads >= 0), Expand, PRelu, Where and Resize (2-D nearest / linear, as the
 // forward planner takes it). Anything else,
 // or a case outside what the forward planner takes, throws Unsupported naming the node: the engine
