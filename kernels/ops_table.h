@@ -55,6 +55,14 @@ struct OpsTable {
                              const LaunchCtx&);
   int (*layer_norm_grad_x)(const float*, const float*, const float*, const float*, const float*, float*, int64_t, int64_t,
                            const LaunchCtx&);
+  int (*batch_norm_stats)(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t, float, float*,
+                          float*, float, const LaunchCtx&);
+  int (*batch_norm_apply)(const float*, const float*, const float*, const float*, const float*, float*, int64_t, int64_t,
+                          int64_t, const LaunchCtx&);
+  int (*batch_norm_grad_sums)(const float*, const float*, const float*, const float*, double*, float*, float*, int64_t, int64_t,
+                              int64_t, const LaunchCtx&);
+  int (*batch_norm_grad_x)(bool, const float*, const float*, const float*, const float*, const float*, const double*, float*,
+                           int64_t, int64_t, int64_t, const LaunchCtx&);
   int (*resize2d_grad)(const Resize2dGeom&, const float*, float*, const LaunchCtx&);
   int (*slice_grad)(const SliceGeom&, const float*, float*, int64_t, const LaunchCtx&);
   int (*prelu_grad)(const Broadcast2&, const float*, const float*, const float*, float*, float*, int64_t, const LaunchCtx&);

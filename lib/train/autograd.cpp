@@ -559,10 +559,30 @@ struct Autograd::Impl {
     bool all_on_device = true;
     for (const Tensor& t : ins)
       if (t.defined() && !dev->on_device(t)) all_on_device = false;
-    if (st.gdef && st.gdef->train_forward) {
+    if (st.gdef && st.gdef->train_forward && !(n.domain.empty() && n.op_type == "BatchNormalization")) {
       reason = "its training forward runs on the CPU";
     } else if (!all_on_device) {
       reason = "an input lives on the host";
+    } else if (st.gdef && st.gdef->train_forward) {
+      // BatchNormalization's training forward on the device: statistics, running-state updates
+      // (downloaded into the state buffers by record()) and the stash for the backward.
+      bool statistics_wanted = false;
+      for (size_t j = 1; j < st.outputs.size(); ++j)
+        if (st.outputs[j] >= 0) statistics_wanted = true;
+      try {
+        gpu::BatchNormForward f = gpu::run_batchnorm_forward(n, st.opset, options.training, ins, statistics_wanted, *dev->runtime);
+        r.outs.assign(st.outputs.size(), Tensor());
+        r.outs[0] = std::move(f.y);
+        r.stash = std::move(f.stash);
+        if (options.training) {
+          r.updates.emplace_back(3, std::move(f.new_mean));
+          r.updates.emplace_back(4, std::move(f.new_var));
+        }
+        done = true;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::Unsupported) throw;
+        reason = e.what();
+      }
     } else {
       std::vector<Shape> shapes(ni);
       std::vector<DType> dtypes(ni, DType::Undefined);
@@ -762,11 +782,13 @@ struct Autograd::Impl {
     for (size_t j = 0; j < no; ++j)
       if (st.outputs[j] >= 0) call.grad_outputs[j] = grad[static_cast<size_t>(st.outputs[j])];
     for (size_t i = 0; i < ni; ++i) call.host_inputs.push_back(host_constant(st.inputs[i]));
-    bool on_device = st.stash.empty();
-    for (const auto* list : {&call.inputs, &call.outputs, &call.grad_outputs})
+    call.stash = st.stash;
+    call.training = options.training;
+    bool on_device = true;
+    for (const auto* list : {&call.inputs, &call.outputs, &call.grad_outputs, &call.stash})
       for (const Tensor& t : *list)
         if (t.defined() && !dev->on_device(t)) on_device = false;
-    std::string reason = st.stash.empty() ? "a value it reads lives on the host" : "its training forward kept host values";
+    std::string reason = "a value it reads lives on the host";
     if (on_device) {
       try {
         g = gpu::run_backward_node(n, st.opset, call, *dev->runtime);
@@ -782,6 +804,7 @@ struct Autograd::Impl {
       for (size_t i = 0; i < ni; ++i) ins[i] = dev->download(st.saved_in[i], n.name, "saved input");
       for (size_t j = 0; j < no; ++j) outs[j] = dev->download(st.saved_out[j], n.name, "saved output");
       for (size_t j = 0; j < no; ++j) gouts[j] = dev->download(call.grad_outputs[j], n.name, "gradient");
+      for (Tensor& t : st.stash) t = dev->download(t, n.name, "stashed value");  // the CPU kernel reads it
       g = cpu_backward(st, std::move(ins), std::move(outs), std::move(gouts));
       for (Tensor& t : g) t = dev->upload(t, n.name, "gradient");
     }

@@ -52,7 +52,9 @@ struct AutogradOptions {
   const GradRegistry* grads = nullptr;      // nullptr: GradRegistry::global()
   // BackendKind::CUDA: forward and backward on the GPU (the CUDA plugin's context; with
   // MPQ_CUDA_EMULATE=host its host kernel table and host memory). Each node runs its planned
-  // kernel (runtime/cuda/node_runner.h) and its backward through train/cuda/backward_runner.h,
+  // kernel (runtime/cuda/node_runner.h; BatchNormalization's training forward through
+  // train/cuda/backward_runner.h's run_batchnorm_forward) and its backward through
+  // train/cuda/backward_runner.h,
   // activations and gradients stay in device memory; a node either cannot take runs its CPU
   // kernel with explicit copies. Parameters and their gradients live in device memory too
   // (train/cuda/device_parameters.h), updated there through device_update(); parameters() is a

@@ -103,7 +103,7 @@ inline void compare_engines(const ir::Model& model, bool training, uint32_t seed
   std::set<std::string> ops_in_model;
   for (const auto& n : model.graph->nodes()) ops_in_model.insert(n->op_type);
   for (const char* op : {"Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "HardSwish", "GlobalAveragePool", "Softmax", "FakeQuant",
-                         "LayerNormalization"}) {
+                         "LayerNormalization", "BatchNormalization"}) {
     if (!ops_in_model.count(op)) continue;
     INFO("op " << op);
     CHECK_FALSE(fell_back.count(std::string(op) + " (backward)"));
@@ -147,7 +147,7 @@ struct Run {
 
 inline constexpr double kMaxGradNorm = 0.2;
 
-// `steps` trainer steps of a regression loss on resnet_bn (eval mode; BatchNorm runs on the CPU),
+// `steps` trainer steps of a regression loss on resnet_bn (eval mode),
 // two parameter groups (weight decay; a log-space group at half the rate), clipping that bites and
 // loss scaling; optionally starting from a checkpoint.
 inline Run train_steps(bool on_device, const MakeOptimizer& make, int steps, const mpq::cuda::OpsTable& table,

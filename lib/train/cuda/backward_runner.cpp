@@ -523,6 +523,36 @@ struct Backward {
       check(rt.ops.resize2d_grad(l.resize, cfp(dy()), mfp(grads[0]), ctx(grads[0].numel())), "resize backward kernel launch");
   }
 
+  // BatchNormalization from the training forward's device stash (mean, inverse std): per-channel
+  // sums of dY and dY (x - mean), then dX (batch statistics in training, a frozen affine map in eval).
+  void batch_norm() {
+    const bool need_x = wanted(0), need_s = wanted(1), need_b = wanted(2);
+    if (!need_x && !need_s && !need_b) return;
+    if (call.stash.size() != 2) unsupported("the forward kept no device statistics");
+    if (call.grad_outputs.empty() || !call.grad_outputs[0].defined()) unsupported("no gradient reached Y");
+    const Shape& xs = in_shape(0);
+    if (xs.size() < 2) unsupported("an input of rank < 2");
+    const int64_t N = xs[0], F = xs[1], S = N * F > 0 ? shape_numel(xs) / (N * F) : 0;
+    for (size_t i = 1; i <= 2; ++i)
+      if (shape_numel(in_shape(i)) != F) unsupported("parameters that are not one per channel");
+    const Tensor& x = saved_input(0);
+    const Tensor& mean = call.stash[0];
+    const Tensor& inv = call.stash[1];
+    Tensor sums = device_empty(rt.alloc, DType::Float64, {std::max<int64_t>(2 * F, 1)}, rt.stream, node.name, node.op_type);
+    if (need_s) grads[1] = out(in_shape(1));
+    if (need_b) grads[2] = out(in_shape(2));
+    if ((need_s || need_b || (need_x && call.training)) && F > 0)
+      check(rt.ops.batch_norm_grad_sums(cfp(x), cfp(mean), cfp(inv), cfp(dy()), static_cast<double*>(sums.raw_data()),
+                                        need_s ? mfp(grads[1]) : nullptr, need_b ? mfp(grads[2]) : nullptr, N, F, S, ctx(F)),
+            "batch norm backward sums kernel launch");
+    if (!need_x) return;
+    grads[0] = out(xs);
+    if (grads[0].numel() > 0)
+      check(rt.ops.batch_norm_grad_x(call.training, cfp(x), cfp(mean), cfp(inv), cfp(saved_input(1)), cfp(dy()),
+                                     static_cast<const double*>(sums.raw_data()), mfp(grads[0]), N, F, S, ctx(grads[0].numel())),
+            "batch norm backward kernel launch");
+  }
+
   void clip() {
     if (!wanted(0)) return;
     float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
@@ -618,6 +648,7 @@ struct Backward {
     } else if (op == "PRelu") prelu();
     else if (op == "Where") where();
     else if (op == "Resize") resize();
+    else if (op == "BatchNormalization") batch_norm();
     else if (op == "Transpose") transpose();
     else if (l.kind == LaunchKind::Unary) unary();
     else unsupported("no device backward for " + op + " yet");
@@ -632,6 +663,52 @@ struct Backward {
 
 }  // namespace
 
+BatchNormForward run_batchnorm_forward(const ir::Node& node, int opset, bool training, const std::vector<Tensor>& ins,
+                                       bool statistics_wanted, KernelRuntime& rt) {
+  (void)opset;  // before opset 9 a per-element layout is allowed; its parameter counts differ from C below
+  auto unsupported = [&](const std::string& why) { fail_unsupported("{}: {}", node.label(), why); };
+  if (statistics_wanted) unsupported("its statistics outputs are read");
+  if (ins.size() < 5) unsupported("fewer than five inputs");
+  for (const Tensor& t : ins)
+    if (!t.defined() || t.device() != Device::CUDA || t.dtype() != DType::Float32) unsupported("an input that is not FP32 on the device");
+  const Shape& xs = ins[0].shape();
+  if (xs.size() < 2) unsupported("an input of rank < 2");
+  const int64_t N = xs[0], F = xs[1], S = N * F > 0 ? shape_numel(xs) / (N * F) : 0;
+  for (size_t i = 1; i <= 4; ++i)
+    if (ins[i].numel() != F) unsupported("parameters that are not one per channel");
+  const float eps = node.attr_float("epsilon", 1e-5f), momentum = node.attr_float("momentum", 0.9f);
+  auto check = [&](int code, const char* what) { rt::gpu::check_node_launch(rt, node, code, what); };
+  auto f32 = [](const Tensor& t) { return static_cast<const float*>(t.raw_data()); };
+  auto mf32 = [](Tensor& t) { return static_cast<float*>(t.raw_data()); };
+  BatchNormForward r;
+  Tensor mean = rt::gpu::node_output(rt, node, DType::Float32, {F}), inv = rt::gpu::node_output(rt, node, DType::Float32, {F});
+  if (training) {
+    if (N * S <= 1)
+      fail_input("{}: training-mode BatchNormalization needs more than one value per channel, got input shape {}", node.label(),
+                 shape_str(xs));
+    r.new_mean = rt::gpu::node_output(rt, node, DType::Float32, ins[3].shape());
+    r.new_var = rt::gpu::node_output(rt, node, DType::Float32, ins[4].shape());
+    for (const auto& [dst, src] : {std::pair<Tensor*, const Tensor*>{&r.new_mean, &ins[3]}, {&r.new_var, &ins[4]}})
+      if (F > 0) check(rt.backend.copy(dst->raw_data(), src->raw_data(), src->nbytes(), rt::gpu::CopyKind::DeviceToDevice, rt.stream),
+                       "running statistics copy");
+    if (F > 0)
+      check(rt.ops.batch_norm_stats(f32(ins[0]), nullptr, nullptr, mf32(mean), mf32(inv), N, F, S, eps, mf32(r.new_mean),
+                                    mf32(r.new_var), momentum, rt::gpu::node_launch_ctx(rt, F)),
+            "batch norm statistics kernel launch");
+  } else if (F > 0) {
+    check(rt.ops.batch_norm_stats(f32(ins[0]), f32(ins[3]), f32(ins[4]), mf32(mean), mf32(inv), N, F, S, eps, nullptr, nullptr,
+                                  momentum, rt::gpu::node_launch_ctx(rt, F)),
+          "batch norm statistics kernel launch");
+  }
+  r.y = rt::gpu::node_output(rt, node, DType::Float32, xs);
+  if (r.y.numel() > 0)
+    check(rt.ops.batch_norm_apply(f32(ins[0]), f32(ins[1]), f32(ins[2]), f32(mean), f32(inv), mf32(r.y), N, F, S,
+                                  rt::gpu::node_launch_ctx(rt, r.y.numel())),
+          "batch norm kernel launch");
+  r.stash = {std::move(mean), std::move(inv)};
+  return r;
+}
+
 std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const BackwardCall& call, KernelRuntime& rt) {
   auto device_only = [&](const std::vector<Tensor>& ts, const char* what) {
     for (const Tensor& t : ts)
@@ -641,6 +718,7 @@ std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const Bac
   device_only(call.inputs, "an input");
   device_only(call.outputs, "an output");
   device_only(call.grad_outputs, "an output gradient");
+  device_only(call.stash, "a stashed value");
   if (call.present.size() != call.input_shapes.size())
     fail_internal("{} (backward): {} presence flags for {} input shapes", node.label(), call.present.size(), call.input_shapes.size());
   // The forward's plan gives the geometry (pooling windows, softmax axis, the cuDNN plan, the

@@ -15,8 +15,8 @@
 // known on the host), ReduceSum / ReduceMean (axes known on the host), Transpose,
 // LayerNormalization (over the last axis; statistics recomputed), Gather (through an inverse index
 // built on the host from the downloaded indices), Slice, Pad
-// (constant mode, pads >= 0), Expand, PRelu, Where and Resize (2-D nearest / linear, as the
-// forward planner takes it). Anything else,
+// (constant mode, pads >= 0), Expand, PRelu, Where, Resize (2-D nearest / linear, as the
+// forward planner takes it) and BatchNormalization (from the stash of run_batchnorm_forward below). Anything else,
 // or a case outside what the forward planner takes, throws Unsupported naming the node: the engine
 // then runs the CPU backward kernel with explicit copies.
 //
@@ -41,7 +41,22 @@ struct BackwardCall {
   std::vector<Tensor> outputs;             // saved forward outputs, device
   std::vector<Tensor> grad_outputs;        // dL/dY_j, device (undefined: none reached output j)
   std::vector<char> wanted;                // dL/dX_i is wanted
+  std::vector<Tensor> stash;               // what a training forward stashed (BatchNormalization: mean, inv std), device
+  bool training = true;                    // the engine's mode (BatchNormalization: batch or running statistics)
 };
+
+// BatchNormalization's forward as the training engine runs it (train/grads/norm_grad.cpp's
+// training forward): batch statistics in training, with the running mean and variance moved as
+// PyTorch moves them (new device tensors), the running ones in eval; the mean and inverse std
+// used are stashed for the backward. Unsupported (the engine then runs the CPU's) when a statistics
+// output is wanted or the parameters are not one per channel.
+struct BatchNormForward {
+  Tensor y;
+  std::vector<Tensor> stash;  // mean, inv std [C]
+  Tensor new_mean, new_var;   // training only
+};
+BatchNormForward run_batchnorm_forward(const ir::Node& node, int opset, bool training, const std::vector<Tensor>& inputs,
+                                       bool statistics_wanted, KernelRuntime& rt);
 
 // dL/dX_i (device, FP32) for every wanted input, undefined elsewhere.
 std::vector<Tensor> run_backward_node(const ir::Node& node, int opset, const BackwardCall& call, KernelRuntime& rt);
