@@ -150,70 +150,47 @@ class AdamW final : public Optimizer {
   const char* name() const override { return "adamw"; }
 
   void step(std::vector<Parameter>& params, double lr) override {
-    if (m_.buf.size() != params.size()) {
-      m_.buf.resize(params.size());
-      v_.buf.resize(params.size());
-    }
-    ++steps_;
-    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(steps_));
-    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(steps_));
-    for (const ParamGroup& g : groups_) {
-      const double glr = lr * g.lr_scale;
-      for (size_t idx : g.params) {
-        Parameter& p = params.at(idx);
-        check_float32(p);
-        if (!m_.buf[idx].defined()) {
-          m_.buf[idx] = zeros_like(p.value);
-          v_.buf[idx] = zeros_like(p.value);
-        }
-        for_each_float(p.value, [&](auto* w, auto tag) {
-          using T = typename decltype(tag)::type;
-          const T* gr = p.grad.data<T>();
-          T* m = m_.host(idx).data<T>();
-          T* v = v_.host(idx).data<T>();
-          const Constants k = constants(g, glr, bc1, bc2);
-          const T decay = static_cast<T>(k.decay), one_minus_b1 = static_cast<T>(k.one_minus_b1);
-          const T one_minus_b2 = static_cast<T>(k.one_minus_b2), b2 = static_cast<T>(k.b2);
-          const T step_size = static_cast<T>(k.step_size), bc2_sqrt = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
-          for (int64_t i = 0; i < p.value.numel(); ++i) {
-            const T gi = g.log_space ? gr[i] * w[i] : gr[i];
-            w[i] *= decay;
-            m[i] += one_minus_b1 * (gi - m[i]);
-            v[i] = b2 * v[i] + one_minus_b2 * gi * gi;
-            const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-            if (g.log_space) w[i] *= std::exp(-step_size * m[i] / denom);
-            else w[i] -= step_size * m[i] / denom;
-          }
-        });
+    each_parameter(params.size(), lr, [&](const ParamGroup& g, size_t idx, const Constants& k) {
+      Parameter& p = params.at(idx);
+      check_float32(p);
+      if (!m_.buf[idx].defined()) {
+        m_.buf[idx] = zeros_like(p.value);
+        v_.buf[idx] = zeros_like(p.value);
       }
-    }
+      for_each_float(p.value, [&](auto* w, auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* gr = p.grad.data<T>();
+        T* m = m_.host(idx).data<T>();
+        T* v = v_.host(idx).data<T>();
+        const T decay = static_cast<T>(k.decay), one_minus_b1 = static_cast<T>(k.one_minus_b1);
+        const T one_minus_b2 = static_cast<T>(k.one_minus_b2), b2 = static_cast<T>(k.b2);
+        const T step_size = static_cast<T>(k.step_size), bc2_sqrt = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+        for (int64_t i = 0; i < p.value.numel(); ++i) {
+          const T gi = g.log_space ? gr[i] * w[i] : gr[i];
+          w[i] *= decay;
+          m[i] += one_minus_b1 * (gi - m[i]);
+          v[i] = b2 * v[i] + one_minus_b2 * gi * gi;
+          const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+          if (g.log_space) w[i] *= std::exp(-step_size * m[i] / denom);
+          else w[i] -= step_size * m[i] / denom;
+        }
+      });
+    });
   }
 
   void step(DeviceUpdate& d, double lr) override {
-    if (m_.buf.size() != d.size()) {
-      m_.buf.resize(d.size());
-      v_.buf.resize(d.size());
-    }
-    ++steps_;
-    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(steps_));
-    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(steps_));
-    for (const ParamGroup& g : groups_) {
-      const double glr = lr * g.lr_scale;
-      for (size_t idx : g.params) {
-        if (idx >= d.size()) fail_internal("optimizer: parameter {} of group '{}' does not exist", idx, g.name);
-        const Constants k = constants(g, glr, bc1, bc2);
-        cuda::AdamWStep s;
-        s.decay = static_cast<float>(k.decay);
-        s.one_minus_b1 = static_cast<float>(k.one_minus_b1);
-        s.one_minus_b2 = static_cast<float>(k.one_minus_b2);
-        s.b2 = static_cast<float>(k.b2);
-        s.step_size = static_cast<float>(k.step_size);
-        s.bc2_sqrt = static_cast<float>(k.bc2_sqrt);
-        s.eps = static_cast<float>(k.eps);
-        s.log_space = g.log_space;
-        d.adamw(idx, s, m_.in_device(idx, d), v_.in_device(idx, d));
-      }
-    }
+    each_parameter(d.size(), lr, [&](const ParamGroup& g, size_t idx, const Constants& k) {
+      cuda::AdamWStep s;
+      s.decay = static_cast<float>(k.decay);
+      s.one_minus_b1 = static_cast<float>(k.one_minus_b1);
+      s.one_minus_b2 = static_cast<float>(k.one_minus_b2);
+      s.b2 = static_cast<float>(k.b2);
+      s.step_size = static_cast<float>(k.step_size);
+      s.bc2_sqrt = static_cast<float>(k.bc2_sqrt);
+      s.eps = static_cast<float>(k.eps);
+      s.log_space = g.log_space;
+      d.adamw(idx, s, m_.in_device(idx, d), v_.in_device(idx, d));
+    });
   }
 
   void save(Checkpoint& c, const std::vector<Parameter>& params) const override {
@@ -240,6 +217,25 @@ class AdamW final : public Optimizer {
   Constants constants(const ParamGroup& g, double glr, double bc1, double bc2) const {
     return Constants{g.log_space ? 1.0 : 1.0 - glr * g.weight_decay, 1.0 - o_.beta1, 1.0 - o_.beta2, o_.beta2, glr / bc1,
                      std::sqrt(bc2), o_.eps};
+  }
+  // One step's bookkeeping (state slots for n parameters, the step count, bias corrections), then
+  // fn(group, parameter index, constants) for every grouped parameter: the CPU and device updates.
+  template <typename Fn>
+  void each_parameter(size_t n, double lr, Fn fn) {
+    if (m_.buf.size() != n) {
+      m_.buf.resize(n);
+      v_.buf.resize(n);
+    }
+    ++steps_;
+    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(steps_));
+    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(steps_));
+    for (const ParamGroup& g : groups_) {
+      const double glr = lr * g.lr_scale;
+      for (size_t idx : g.params) {
+        if (idx >= n) fail_internal("optimizer: parameter {} of group '{}' does not exist", idx, g.name);
+        fn(g, idx, constants(g, glr, bc1, bc2));
+      }
+    }
   }
   AdamWOptions o_;
   SlotState m_, v_;

@@ -30,6 +30,18 @@
 namespace mpq::test {
 
 
+// A device-mode engine's options on `table` and `mem` (one thread; eval mode unless `training`).
+inline train::AutogradOptions device_options(const mpq::cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem,
+                                             bool training = false) {
+  train::AutogradOptions o;
+  o.threads = 1;
+  o.training = training;
+  o.device = rt::BackendKind::CUDA;
+  o.cuda_ops = &table;
+  o.cuda_memory = &mem;
+  return o;
+}
+
 // The model as qat-finetune trains it: constants folded, BatchNorm fused, FakeQuant inserted from
 // a min/max calibration on the model's shipped feeds.
 inline ir::Model fake_quant_student(const std::string& stem) {

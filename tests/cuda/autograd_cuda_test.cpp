@@ -125,13 +125,7 @@ TEST_CASE("device-mode parameters: host copies stay coherent both ways, and the 
   const ir::Model model = test::load_test_model("resnet_bn_op17.onnx");
   const rt::Feeds feeds = test::random_feeds(model, 9);
   HostMemory mem;
-  train::AutogradOptions o;
-  o.threads = 1;
-  o.training = false;
-  o.device = rt::BackendKind::CUDA;
-  o.cuda_ops = &mpq::cuda::host_ops_table();
-  o.cuda_memory = &mem;
-  train::Autograd dev(model, o);
+  train::Autograd dev(model, device_options(mpq::cuda::host_ops_table(), mem));
   std::vector<size_t> all;
   for (size_t k = 0; k < dev.parameters().size(); ++k) all.push_back(k);
   auto opt = train::make_sgd({train::ParamGroup{"all", all, 1.0, 0.0, false}}, {0.0, 0.0, false});
@@ -192,13 +186,7 @@ TEST_CASE("device-mode optimizer state moves to the host for a CPU step and back
   std::vector<std::vector<Tensor>> finals;
   for (bool via_host : {false, true}) {
     HostMemory mem;
-    train::AutogradOptions o;
-    o.threads = 1;
-    o.training = false;
-    o.device = rt::BackendKind::CUDA;
-    o.cuda_ops = &mpq::cuda::host_ops_table();
-    o.cuda_memory = &mem;
-    train::Autograd dev(model, o);
+    train::Autograd dev(model, device_options(mpq::cuda::host_ops_table(), mem));
     std::vector<size_t> all;
     for (size_t k = 0; k < dev.parameters().size(); ++k) all.push_back(k);
     auto opt = train::make_sgd({train::ParamGroup{"all", all, 1.0, 0.01, false}}, {0.9, 0.0, true});
