@@ -13,10 +13,10 @@ struct OpsTable;  // kernels/ops_table.h
 
 // Bumped whenever CudaApi or the OpsTable it carries changes (5: unary and unary_grad take alpha
 // and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries; 7: the parameter update
-// entries, BatchNormalization's training forward and backward, and the LayerNorm, Gather, Slice,
-// PRelu, Where and Resize backward entries); the loader refuses a
-// plugin built for another version.
-inline constexpr int kCudaApiVersion = 7;
+// entries and the LayerNorm, Gather, Slice, PRelu and Where backward entries; 8: Resize's backward,
+// the indexed Gather backward and BatchNormalization's training forward and backward); the loader
+// refuses a plugin built for another version.
+inline constexpr int kCudaApiVersion = 8;
 
 struct DeviceInfo {
   int index = 0;

@@ -89,6 +89,7 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
       {1, 16, 32, 1, {9, 9}, {1, 1}, {2, 2}, {0, 0, 0, 0}},
       {2, 32, 32, 32, {7, 9}, {3, 3}, {2, 1}, {1, 1, 1, 1}},
       {1, 32, 32, 2, {6, 6}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+      {1, 16, 16, 16, {8, 7}, {3, 3}, {1, 2}, {0, 1, 2, 1}},  // depthwise, asymmetric pads
   };
   uint32_t seed = 2100;
   for (const int64_t block : {8, 16})
@@ -102,7 +103,7 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
         const Tensor b = test::random_tensor({k.m}, seed++);
         const Tensor plain = want_of(x, w, b, nullptr, k);
         const Tensor z = test::random_tensor(plain.shape(), seed++, -2.0f, 2.0f);
-        const bool with_z = zb != 0 || combo % 2 == 0;
+        const bool with_z = zb != 0 || combo % 2 == 0 || combo == 1;  // combo 1: blocked X, plain Z and Y
         const Tensor want = want_of(x, w, b, with_z ? &z : nullptr, k);
         Attrs attrs{ir::Attribute::make_int("group", k.group), ir::Attribute::make_ints("strides", k.strides),
                     ir::Attribute::make_ints("pads", k.pads), ir::Attribute::make_string("activation", "Relu"),

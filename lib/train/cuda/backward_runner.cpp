@@ -413,13 +413,14 @@ struct Backward {
         positions.data<int64_t>()[next[static_cast<size_t>(idx[static_cast<size_t>(k)])]++] = k;
     const Tensor d_off = rt::gpu::to_device(offsets, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
     const Tensor d_pos = rt::gpu::to_device(positions, rt.alloc, rt.backend, rt.stream, node.name, node.op_type);
+    // The host index arrays die on return: the copies must have read them (before the launch, so
+    // the host does not wait for the kernel too).
+    check(rt.backend.synchronize(rt.stream), "gather backward index upload");
     grads[0] = out(in_shape(0));
     if (grads[0].numel() > 0)
       check(rt.ops.gather_grad_indexed(static_cast<const int64_t*>(d_off.raw_data()), static_cast<const int64_t*>(d_pos.raw_data()),
                                        cfp(dy()), mfp(grads[0]), l.axis.outer, rows, l.axis.inner, count, ctx(grads[0].numel())),
             "gather backward kernel launch");
-    // The host index arrays die here: the copies must have read them.
-    check(rt.backend.synchronize(rt.stream), "gather backward synchronisation");
   }
 
   bool present(size_t i) const { return i < call.present.size() && call.present[i]; }
