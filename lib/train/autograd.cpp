@@ -13,8 +13,6 @@
 #include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/node_plan.h"
 #include "runtime/cuda/node_runner.h"
-#include "runtime/cuda/plan_shape.h"
-#include "runtime/cuda/status.h"
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 #include "train/cuda/backward_runner.h"
@@ -181,14 +179,7 @@ struct DevicePath {
   // a + b (same shape) as a new device tensor.
   Tensor add(const Tensor& a, const Tensor& b, const std::string& name) {
     Tensor r = rt::gpu::device_empty(runtime->alloc, DType::Float32, a.shape(), runtime->stream, name, "gradient sum");
-    if (r.numel() == 0) return r;
-    Shape joined;
-    const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2(a.shape(), b.shape(), &joined);
-    const int code = runtime->ops.binary(cuda::BinaryOp::Add, bc, static_cast<const float*>(a.raw_data()),
-                                         static_cast<const float*>(b.raw_data()), static_cast<float*>(r.raw_data()), r.numel(),
-                                         cuda::LaunchCtx{cuda::launch_shape_for(r.numel(), 256), runtime->stream});
-    rt::cuda_plan::check_cuda_status(rt::cuda_plan::CudaLibrary::Runtime, code, "gradient sum kernel launch",
-                                     runtime->backend.error_text(code), name, "gradient sum");
+    gpu::add_same_shape(*runtime, a, b, r, name, "gradient sum");
     return r;
   }
 };
@@ -559,18 +550,16 @@ struct Autograd::Impl {
     bool all_on_device = true;
     for (const Tensor& t : ins)
       if (t.defined() && !dev->on_device(t)) all_on_device = false;
-    if (st.gdef && st.gdef->train_forward && !(n.domain.empty() && n.op_type == "BatchNormalization")) {
-      reason = "its training forward runs on the CPU";
-    } else if (!all_on_device) {
+    if (!all_on_device) {
       reason = "an input lives on the host";
-    } else if (st.gdef && st.gdef->train_forward) {
+    } else if (n.domain.empty() && n.op_type == "BatchNormalization") {
       // BatchNormalization's training forward on the device: statistics, running-state updates
       // (downloaded into the state buffers by record()) and the stash for the backward.
       bool statistics_wanted = false;
       for (size_t j = 1; j < st.outputs.size(); ++j)
         if (st.outputs[j] >= 0) statistics_wanted = true;
       try {
-        gpu::BatchNormForward f = gpu::run_batchnorm_forward(n, st.opset, options.training, ins, statistics_wanted, *dev->runtime);
+        gpu::BatchNormForward f = gpu::run_batchnorm_forward(n, options.training, ins, statistics_wanted, *dev->runtime);
         r.outs.assign(st.outputs.size(), Tensor());
         r.outs[0] = std::move(f.y);
         r.stash = std::move(f.stash);
@@ -583,6 +572,8 @@ struct Autograd::Impl {
         if (e.kind() != ErrorKind::Unsupported) throw;
         reason = e.what();
       }
+    } else if (st.gdef && st.gdef->train_forward) {
+      reason = "its training forward runs on the CPU";
     } else {
       std::vector<Shape> shapes(ni);
       std::vector<DType> dtypes(ni, DType::Undefined);

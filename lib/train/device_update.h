@@ -17,8 +17,7 @@ namespace mpq::train {
 class DeviceUpdate {
  public:
   virtual ~DeviceUpdate() = default;
-  virtual size_t size() const = 0;                   // number of parameters
-  virtual const std::string& name(size_t i) const = 0;
+  virtual size_t size() const = 0;  // number of parameters
   // Optimizer state: a zero-filled device tensor shaped as parameter i; copies both ways (for
   // checkpoints), `what` naming the buffer in errors.
   virtual Tensor zeros_like(size_t i) = 0;

@@ -29,24 +29,17 @@ StepResult Trainer::step(const rt::Feeds& feeds, const LossFn& loss, const Hook&
     }
   }
   engine_.backward(l.output_grads);
-  if (DeviceUpdate* device = engine_.device_update()) {
-    // Device mode: the parameters and gradients stay in device memory (a hook sees host copies,
-    // which then go back up).
-    r.skipped = scaler_.unscale(*device);
-    if (!r.skipped) {
-      if (before_update) before_update(engine_.parameters());
-      r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(*device, max_grad_norm_) : grad_norm(*device);
-      optimizer_.step(*device, r.lr);
-    }
-  } else {
-    std::vector<Parameter>& params = engine_.parameters();
+  // On the parameters where they live: the host's, or a device-mode engine's device memory (a hook
+  // then sees host copies, which go back up).
+  auto update = [&](auto& params) {
     r.skipped = scaler_.unscale(params);
-    if (!r.skipped) {
-      if (before_update) before_update(params);
-      r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(params, max_grad_norm_) : grad_norm(params);
-      optimizer_.step(params, r.lr);
-    }
-  }
+    if (r.skipped) return;
+    if (before_update) before_update(engine_.parameters());
+    r.grad_norm = max_grad_norm_ > 0 ? clip_grad_norm(params, max_grad_norm_) : grad_norm(params);
+    optimizer_.step(params, r.lr);
+  };
+  if (DeviceUpdate* device = engine_.device_update()) update(*device);
+  else update(engine_.parameters());
   scaler_.update();
   engine_.zero_grad();
   ++step_;

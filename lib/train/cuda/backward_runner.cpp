@@ -197,27 +197,18 @@ struct Backward {
   void conv() {
     if (l.kind != LaunchKind::Conv) unsupported(l.reason);
     const Tensor& g = dy();
-    const auto ws_for = [&](cuda_plan::ConvDirection d, size_t* bytes) {
-      check_lib(rt.ops.conv_backward_workspace(l.conv, d, bytes, ctx(g.numel())));
+    // dX from W (backward-data) and dW from X (backward-filter), each with its own workspace.
+    const auto direction = [&](size_t i, cuda_plan::ConvDirection d, decltype(rt.ops.conv_backward_data) call, size_t other) {
+      if (!wanted(i)) return;
+      grads[i] = out(in_shape(i));
+      if (grads[i].numel() == 0) return;
+      size_t bytes = 0;
+      check_lib(rt.ops.conv_backward_workspace(l.conv, d, &bytes, ctx(g.numel())));
+      Tensor ws = workspace(bytes);
+      check_lib(call(l.conv, cfp(saved_input(other)), cfp(g), mfp(grads[i]), ws_ptr(ws), bytes, ctx(grads[i].numel())));
     };
-    if (wanted(0)) {
-      grads[0] = out(in_shape(0));
-      if (grads[0].numel() > 0) {
-        size_t bytes = 0;
-        ws_for(cuda_plan::ConvDirection::BackwardData, &bytes);
-        Tensor ws = workspace(bytes);
-        check_lib(rt.ops.conv_backward_data(l.conv, cfp(saved_input(1)), cfp(g), mfp(grads[0]), ws_ptr(ws), bytes, ctx(grads[0].numel())));
-      }
-    }
-    if (wanted(1)) {
-      grads[1] = out(in_shape(1));
-      if (grads[1].numel() > 0) {
-        size_t bytes = 0;
-        ws_for(cuda_plan::ConvDirection::BackwardFilter, &bytes);
-        Tensor ws = workspace(bytes);
-        check_lib(rt.ops.conv_backward_filter(l.conv, cfp(saved_input(0)), cfp(g), mfp(grads[1]), ws_ptr(ws), bytes, ctx(grads[1].numel())));
-      }
-    }
+    direction(0, cuda_plan::ConvDirection::BackwardData, rt.ops.conv_backward_data, 1);
+    direction(1, cuda_plan::ConvDirection::BackwardFilter, rt.ops.conv_backward_filter, 0);
     if (wanted(2)) {
       const int64_t n = g.dim(0), m = g.dim(1), spatial = m * n > 0 ? g.numel() / (n * m) : 0;
       grads[2] = out(in_shape(2));
@@ -664,9 +655,9 @@ struct Backward {
 
 }  // namespace
 
-BatchNormForward run_batchnorm_forward(const ir::Node& node, int opset, bool training, const std::vector<Tensor>& ins,
+BatchNormForward run_batchnorm_forward(const ir::Node& node, bool training, const std::vector<Tensor>& ins,
                                        bool statistics_wanted, KernelRuntime& rt) {
-  (void)opset;  // before opset 9 a per-element layout is allowed; its parameter counts differ from C below
+  // (Before opset 9 a per-element layout is allowed: its parameter counts differ from C below.)
   auto unsupported = [&](const std::string& why) { fail_unsupported("{}: {}", node.label(), why); };
   if (statistics_wanted) unsupported("its statistics outputs are read");
   if (ins.size() < 5) unsupported("fewer than five inputs");

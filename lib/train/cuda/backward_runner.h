@@ -55,7 +55,7 @@ struct BatchNormForward {
   std::vector<Tensor> stash;  // mean, inv std [C]
   Tensor new_mean, new_var;   // training only
 };
-BatchNormForward run_batchnorm_forward(const ir::Node& node, int opset, bool training, const std::vector<Tensor>& inputs,
+BatchNormForward run_batchnorm_forward(const ir::Node& node, bool training, const std::vector<Tensor>& inputs,
                                        bool statistics_wanted, KernelRuntime& rt);
 
 // dL/dX_i (device, FP32) for every wanted input, undefined elsewhere.

@@ -18,6 +18,20 @@ constexpr cuda::LaunchShape kNormLaunch{32, 256};
 
 }  // namespace
 
+void add_same_shape(rt::gpu::KernelRuntime& rt, const Tensor& a, const Tensor& b, Tensor& out, const std::string& name,
+                    const char* what) {
+  const int64_t n = out.numel();
+  if (a.shape() != out.shape() || b.shape() != out.shape())
+    fail_internal("{}: {} of shapes {} and {} into {}", name, what, shape_str(a.shape()), shape_str(b.shape()), shape_str(out.shape()));
+  if (n == 0) return;
+  Shape joined;
+  const cuda::Broadcast2 same = rt::cuda_plan::make_broadcast2(out.shape(), out.shape(), &joined);
+  const int code = rt.ops.binary(cuda::BinaryOp::Add, same, static_cast<const float*>(a.raw_data()),
+                                 static_cast<const float*>(b.raw_data()), static_cast<float*>(out.raw_data()), n,
+                                 cuda::LaunchCtx{cuda::launch_shape_for(n, 256), rt.stream});
+  rt::cuda_plan::check_cuda_status(rt::cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), name, what);
+}
+
 DeviceParameters::DeviceParameters(std::vector<Parameter>& host, rt::gpu::KernelRuntime& rt)
     : host_(host),
       rt_(rt),
@@ -110,13 +124,7 @@ void DeviceParameters::accumulate_grad(size_t i, Tensor g) {
     }
     return;
   }
-  const int64_t n = acc.numel();
-  if (n == 0) return;
-  Shape joined;
-  const cuda::Broadcast2 same = rt::cuda_plan::make_broadcast2({n}, {n}, &joined);
-  float* a = static_cast<float*>(acc.raw_data());
-  check(rt_.ops.binary(cuda::BinaryOp::Add, same, a, static_cast<const float*>(g.raw_data()), a, n, launch(n)), i,
-        "gradient accumulation");
+  add_same_shape(rt_, acc, g, acc, p.name, "gradient accumulation");
 }
 
 void DeviceParameters::zero_grad() {

@@ -21,6 +21,11 @@
 
 namespace mpq::train::gpu {
 
+// out = a + b for FP32 device tensors of one shape (out may be a) through the kernel table; errors
+// name `name` and `what`.
+void add_same_shape(rt::gpu::KernelRuntime& rt, const Tensor& a, const Tensor& b, Tensor& out, const std::string& name,
+                    const char* what);
+
 class DeviceParameters final : public DeviceUpdate {
  public:
   // `host` must outlive this object and keep its size; every parameter must be FP32.
@@ -36,7 +41,6 @@ class DeviceParameters final : public DeviceUpdate {
 
   // DeviceUpdate
   size_t size() const override { return host_.size(); }
-  const std::string& name(size_t i) const override { return host_.at(i).name; }
   Tensor zeros_like(size_t i) override;
   Tensor to_device(const Tensor& host, const std::string& what) override;
   Tensor to_host(const Tensor& device, const std::string& what) override;
