@@ -12,6 +12,10 @@
 #include "core/file_io.h"
 #include "ir/onnx_io.h"
 #include "ir/verify.h"
+#include "passes/fold_constants.h"
+#include "passes/fuse_conv_bn.h"
+#include "passes/inference_fusion.h"
+#include "passes/pass.h"
 #include "runtime/devices.h"
 
 namespace mpq::cli {
@@ -32,6 +36,7 @@ struct CalibrateOpts {
   std::string activation_type = "int8";
   bool reduce_range = false;
   std::string trt_cache;
+  std::string tensors = "all";
   bool json = false;
 };
 
@@ -64,6 +69,17 @@ int calibrate_command(const CalibrateOpts& o) {
 
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
+  if (o.tensors == "quantized") {
+    // As `mpq quantize` calibrates: constants and BatchNorm folded, then the graph fused as `mpq
+    // run` runs it, keeping observable every tensor QDQ export (and QAT) reads a range for.
+    passes::FoldConstants fold;
+    passes::FuseConvBn fuse_bn;
+    passes::run_pass(fold, model);
+    passes::run_pass(fuse_bn, model);
+    passes::QdqOptions qo;
+    qo.activation_type = o.activation_type;
+    passes::fuse_for_inference(model, co.backend, passes::tensors_to_calibrate(model, qo));
+  }
   data::DataOptions dopts;
   dopts.max_feeds = o.max_samples;
   data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
@@ -113,6 +129,11 @@ void setup_calibrate(CLI::App& sub, Action& action) {
       ->check(CLI::IsMember({"int8", "uint8"}));
   sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations (PyTorch fbgemm's reduce_range)");
   sub.add_option("--trt-cache", o->trt_cache, "also write a TensorRT calibration cache");
+  sub.add_option("--tensors", o->tensors,
+                 "all (default): every float tensor of the graph as written, for any consumer (TensorRT, "
+                 "--format qoperator); quantized: only those QDQ export and qat-finetune read, on the graph fused "
+                 "as `mpq run` runs it (faster)")
+      ->check(CLI::IsMember({"all", "quantized"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--json", o->json, "print the table and timing as JSON to stdout");

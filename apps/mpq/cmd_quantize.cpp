@@ -12,6 +12,7 @@
 #include "ir/verify.h"
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_bn.h"
+#include "passes/inference_fusion.h"
 #include "passes/insert_fake_quant.h"
 #include "passes/insert_qdq.h"
 #include "passes/model_family.h"
@@ -165,6 +166,18 @@ int quantize_command(const QuantizeOpts& given) {
   std::string smoothing;
   if (o.smooth_quant >= 0) smoothing = apply_smooth_quant(o, model, backend);
 
+  passes::QdqOptions qo;
+  qo.per_channel = !o.per_tensor;
+  qo.activation_type = o.activation_type;
+  qo.symmetric = o.symmetric;
+  qo.reduce_range = o.reduce_range;
+  qo.weight_bits = o.weight_bits;
+  qo.quantize_bias = !o.float_bias;
+  qo.quantize_attention = o.quantize_attention;
+  qo.quantize_outputs = !o.float_outputs;
+  qo.exclude_nodes = split_comma_list(o.exclude_nodes);
+  qo.exclude_ops = split_comma_list(o.exclude_ops);
+  qo.quantize_embeddings = !o.float_embeddings;
   calib::CalibrationTable table;
   std::string method;
   uint64_t samples = 0;
@@ -183,27 +196,20 @@ int quantize_command(const QuantizeOpts& given) {
     co.threads = o.threads;
     data::DataOptions dopts;
     dopts.max_feeds = o.max_samples;
-    data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);
+    // Calibration runs the graph fused as `mpq run` runs it, keeping observable every tensor whose
+    // range the quantizers below read (fused-away tensors, such as a convolution's output before
+    // its ReLU, get no range and need none).
+    ir::Model calib_model = model.clone();
+    passes::fuse_for_inference(calib_model, backend, passes::tensors_to_calibrate(model, qo, o.format == "qoperator"));
+    data::FeedSource feeds = data::FeedSource::open(o.data, calib_model, dopts);
     Progress progress("calibrate", static_cast<int64_t>(feeds.size()));
     co.progress = [&](int64_t done, int64_t) { progress.update(done); };
-    table = calib::calibrate(model, feeds, co);
+    table = calib::calibrate(calib_model, feeds, co);
     progress.finish();
     method = table.method;
     samples = table.samples;
   }
 
-  passes::QdqOptions qo;
-  qo.per_channel = !o.per_tensor;
-  qo.activation_type = o.activation_type;
-  qo.symmetric = o.symmetric;
-  qo.reduce_range = o.reduce_range;
-  qo.weight_bits = o.weight_bits;
-  qo.quantize_bias = !o.float_bias;
-  qo.quantize_attention = o.quantize_attention;
-  qo.quantize_outputs = !o.float_outputs;
-  qo.exclude_nodes = split_comma_list(o.exclude_nodes);
-  qo.exclude_ops = split_comma_list(o.exclude_ops);
-  qo.quantize_embeddings = !o.float_embeddings;
   // Accuracy budget: keep the fewest quantized compute nodes in float that meet it on the evaluation
   // data (the search of `mpq sensitivity`, lib/validate/sensitivity.h).
   std::vector<std::string> kept_fp32;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <optional>
 #include <vector>
 
 #include "cli.h"
@@ -12,16 +11,8 @@
 #include "data/feeds.h"
 #include "data/npy.h"
 #include "ir/onnx_io.h"
-#include "ir/onnx_tools.h"
 #include "ir/verify.h"
-#include "passes/block_conv_layout.h"
-#include "passes/fold_constants.h"
-#include "passes/fuse_conv_activation.h"
-#include "passes/fuse_conv_bn.h"
-#include "passes/fuse_gelu.h"
-#include "passes/fuse_layer_norm.h"
-#include "passes/fuse_matmul_bias.h"
-#include "passes/pass.h"
+#include "passes/inference_fusion.h"
 #include "runtime/devices.h"
 #include "runtime/executor.h"
 #include "runtime/thread_pool.h"
@@ -88,30 +79,8 @@ int run_command(const RunOpts& o) {
   if (o.profile && backend != rt::BackendKind::CPU) fail_input("--profile times CPU runs only (--device cpu)");
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
-  if (!o.no_fusion) {
-    // Load-time fusion as ONNX Runtime does it: fewer passes over memory, same outputs (to float
-    // rounding). Graph outputs are never fused away. Shapes (best effort) let a residual Add fuse.
-    ir::infer_shapes(model);
-    // Float32 convolutions only: low-precision nodes run exactly as written, rounding included.
-    passes::FoldConstants fold;
-    passes::FuseConvBn fuse_bn(/*float32_only=*/true);
-    passes::FuseConvActivation fuse_act;
-    passes::FuseLayerNorm fuse_ln;
-    passes::FuseGelu fuse_gelu;
-    passes::FuseMatMulBias fuse_matmul_bias;
-    // FusedConv (Conv + residual Add + activation) is a CPU kernel; the CUDA path runs Conv through
-    // cuDNN and the Add/activation bodies, so it keeps the nodes apart.
-    // Tensors between oneDNN convolutions stay in its channel-blocked layout (no reorders).
-    std::optional<passes::BlockConvLayout> block_layout;
-    std::vector<passes::Pass*> pipeline = {&fold, &fuse_bn};
-    if (backend == rt::BackendKind::CPU) {
-      // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels.
-      pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias});
-      if (const int64_t block = rt::cpu_conv_channel_block(); block > 0) pipeline.push_back(&block_layout.emplace(block));
-    }
-    for (passes::Pass* pass : pipeline)
-      for (const auto& note : passes::run_pass(*pass, model).notes) spdlog::debug("{}", note);
-  }
+  if (!o.no_fusion)
+    for (const auto& note : passes::fuse_for_inference(model, backend)) spdlog::debug("{}", note);
   data::DataOptions dopts;
   dopts.max_feeds = o.max_samples;
   data::FeedSource feeds = data::FeedSource::open(o.data, model, dopts);

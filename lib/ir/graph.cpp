@@ -352,6 +352,13 @@ void Graph::set_output(size_t i, Value* v) {
   v->is_output_ = true;
 }
 
+void Graph::truncate_outputs(size_t count) {
+  if (count >= outputs_.size()) return;
+  std::vector<Value*> dropped(outputs_.begin() + static_cast<std::ptrdiff_t>(count), outputs_.end());
+  outputs_.resize(count);
+  for (Value* v : dropped) v->is_output_ = std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end();
+}
+
 void Graph::remove_input(Value* v) {
   std::erase(inputs_, v);
   v->is_input_ = false;

@@ -216,6 +216,8 @@ class Graph {
   void add_input(Value* v);
   void add_output(Value* v);
   void set_output(size_t i, Value* v);
+  // Keeps the first `count` outputs (undoes add_output calls made after them).
+  void truncate_outputs(size_t count);
   void remove_input(Value* v);
   // Graph inputs a caller must feed (inputs without an initializer default).
   std::vector<Value*> required_inputs() const;

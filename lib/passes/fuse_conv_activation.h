@@ -10,8 +10,9 @@ namespace mpq::passes {
 // separate passes over memory. Activations: Relu, LeakyRelu, Clip (constant bounds), Sigmoid,
 // HardSigmoid, Tanh, HardSwish (also in its pre-opset-14 export form x * HardSigmoid(x) with
 // alpha 1/6, beta 0.5). Guarded: the Conv's (and Add's) output has exactly one consumer
-// and is not a graph output, and Z has the Conv output's shape. Never used where intermediate
-// tensors must stay observable (calibration, per-layer validation).
+// and is not a graph output, and Z has the Conv output's shape. Calibration runs it with the
+// tensors the quantizers read kept as graph outputs (passes/inference_fusion.h); per-layer
+// validation, which compares every tensor, does not run it.
 class FuseConvActivation : public NodeRewritePass {
  public:
   std::string name() const override { return "fuse_conv_activation"; }

@@ -14,6 +14,9 @@
 #include "calib/quant_ref.h"
 #include "calib/range_methods.h"
 #include "calib/table.h"
+#include "data/npy.h"
+#include "ir/onnx_io.h"
+#include "runtime/executor.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
 
@@ -395,4 +398,53 @@ TEST_CASE("mpq calibrate end to end, deterministic, with clear errors", "[calib]
   // Refuses to overwrite the model.
   auto self = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "-o", model.string()});
   CHECK(self.exit_code == 2);
+}
+
+TEST_CASE("mpq calibrate --tensors quantized: fewer tensors, the ones quantize reads, the same export", "[calib][cli]") {
+  test::TempDir tmp;
+  const fs::path model = test::source_dir() / "tests/models/resnet_bn_op13.onnx";
+  const fs::path data = test::source_dir() / "tests/models/resnet_bn_op13_data";
+  auto all = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--method", "minmax", "-o",
+                            (tmp / "all.json").string()});
+  auto quantized = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--method", "minmax",
+                                  "--tensors", "quantized", "-o", (tmp / "q.json").string()});
+  INFO(all.err << quantized.err);
+  REQUIRE(all.exit_code == 0);
+  REQUIRE(quantized.exit_code == 0);
+  const auto ja = nlohmann::json::parse(std::ifstream(tmp / "all.json"));
+  const auto jq = nlohmann::json::parse(std::ifstream(tmp / "q.json"));
+  CHECK(jq["tensors"].size() < ja["tensors"].size());
+  CHECK(jq["tensors"].size() >= 3);
+  for (const auto& [name, t] : jq["tensors"].items()) {
+    INFO(name);
+    // A tensor of the fused graph keeps its name; after BatchNorm folding the ranges agree with the
+    // unfused graph's to float rounding.
+    REQUIRE(ja["tensors"].contains(name));
+    CHECK(t["scale"].get<double>() == Approx(ja["tensors"][name]["scale"].get<double>()).epsilon(1e-4));
+  }
+  // quantize --calib reads either table to the same QDQ model: run both on one feed.
+  for (const char* t : {"all", "q"}) {
+    auto r = test::run_mpq({"quantize", model.string(), "--calib", (tmp / fmt::format("{}.json", t)).string(), "-o",
+                            (tmp / fmt::format("{}.onnx", t)).string()});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+  const rt::Feeds feed = {{"input", data::read_npy(data / "feed_0" / "input.npy")}};
+  const ir::Model ma = ir::load_model(tmp / "all.onnx"), mq = ir::load_model(tmp / "q.onnx");
+  rt::Executor ea(ma), eq(mq);
+  const std::vector<Tensor> ya = ea.run(feed), yq = eq.run(feed);
+  REQUIRE(ya.size() == yq.size());
+  // Scales equal to float rounding; a value on a rounding boundary may still land one step apart.
+  double diff = 0, peak = 0;
+  for (int64_t i = 0; i < ya[0].numel(); ++i) {
+    diff = std::max(diff, std::abs(yq[0].get_double(i) - ya[0].get_double(i)));
+    peak = std::max(peak, std::abs(ya[0].get_double(i)));
+  }
+  CHECK(peak > 0);
+  CHECK(diff <= 0.01 * peak);
+
+  auto bad = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--tensors", "some", "-o",
+                            (tmp / "bad.json").string()});
+  CHECK(bad.exit_code != 0);
+  CHECK_FALSE(fs::exists(tmp / "bad.json"));
 }
