@@ -14,9 +14,10 @@ struct OpsTable;  // kernels/ops_table.h
 // Bumped whenever CudaApi or the OpsTable it carries changes (5: unary and unary_grad take alpha
 // and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries; 7: the parameter update
 // entries and the LayerNorm, Gather, Slice, PRelu and Where backward entries; 8: Resize's backward,
-// the indexed Gather backward and BatchNormalization's training forward and backward); the loader
+// the indexed Gather backward and BatchNormalization's training forward and backward; 9: the binary
+// op PowSlope, Pow's backward); the loader
 // refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 8;
+inline constexpr int kCudaApiVersion = 9;
 
 struct DeviceInfo {
   int index = 0;

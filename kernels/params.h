@@ -29,7 +29,8 @@ inline LaunchShape launch_shape_for(int64_t n, int64_t threads = 256, int64_t ma
 // HardSigmoid: clamp(alpha * x + beta, 0, 1); HardSwish: x * HardSigmoid(x) with alpha 1/6, beta 1/2.
 // The other ops ignore alpha and beta.
 enum class UnaryOp : int { Relu, Sigmoid, Tanh, Exp, Log, Neg, Abs, Sqrt, Erf, Gelu, Reciprocal, Identity, HardSigmoid, HardSwish };
-enum class BinaryOp : int { Add, Sub, Mul, Div, Max, Min, Pow };
+// PowSlope is Pow's derivative in its base, B * A^(B-1) (training's backward; no ONNX op).
+enum class BinaryOp : int { Add, Sub, Mul, Div, Max, Min, Pow, PowSlope };
 enum class ReduceOp : int { Sum, Mean, Max, Min };
 enum class ResizeCoord : int { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric };
 enum class ResizeNearest : int { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };

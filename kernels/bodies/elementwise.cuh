@@ -36,6 +36,14 @@ MPQ_HD inline float binary_apply(BinaryOp op, float a, float b) {
     case BinaryOp::Max: return hd_isnan(a) || hd_isnan(b) ? a + b : (a > b ? a : b);
     case BinaryOp::Min: return hd_isnan(a) || hd_isnan(b) ? a + b : (a < b ? a : b);
     case BinaryOp::Pow: return powf(a, b);
+    // d(A^B)/dA = B * A^(B-1), with the exact forms the CPU's backward uses for the squares and
+    // square roots of written-out LayerNorm and GELU (train/grads/binary_grad.cpp).
+    case BinaryOp::PowSlope:
+      if (b == 2.0f) return 2.0f * a;
+      if (b == 1.0f) return 1.0f;
+      if (b == 3.0f) return 3.0f * a * a;
+      if (b == 0.5f) return 0.5f / sqrtf(a);
+      return b * powf(a, b - 1.0f);
   }
   return a;
 }

@@ -156,6 +156,12 @@ inline std::vector<GradCase> backward_cases() {
       {"Resize", {f({1, 2, 5, 3}, 62), Tensor(), Tensor(), i64({4}, {1, 2, 7, 8})}, {A::make_string("mode", "linear")}, 13,
        {1, 0, 0, 0}},
       {"Neg", {f({3, 7}, 63)}, {}, 13, {1}},
+      // Pow's base: the exact square, cube and square-root slopes, a general exponent per column,
+      // and a base broadcast against its exponent (the gradient summed back to the base's shape).
+      {"Pow", {f({2, 3, 4}, 64, 0.2f, 2.0f), Tensor::scalar<float>(2.0f)}, {}, 13, {1, 0}},
+      {"Pow", {f({3, 5}, 65, 0.2f, 2.0f), Tensor::scalar<float>(0.5f)}, {}, 15, {1, 0}},
+      {"Pow", {f({3, 5}, 66, -2.0f, 2.0f), Tensor::scalar<float>(3.0f)}, {}, 15, {1, 0}},
+      {"Pow", {f({4}, 67, 0.3f, 2.0f), f({3, 4}, 68, -1.5f, 2.5f)}, {}, 15, {1, 0}},
       {"FakeQuantBias", {f({6}, 40), Tensor::scalar<float>(0.05f), f({6}, 41, 0.01f, 0.1f)}, {}, 13, {1, 0, 0}, "mpq"},
   };
 }

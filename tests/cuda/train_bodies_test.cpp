@@ -745,6 +745,38 @@ TEST_CASE("sum-to-shape body reduces a broadcast gradient to each input's shape"
   }
 }
 
+TEST_CASE("Pow's slope body is B * A^(B-1), exact for squares, cubes and square roots", "[cuda][host_bodies][train]") {
+  // Per exponent, bases broadcast against it; the float64 slope is the reference.
+  for (const float exponent : {2.0f, 1.0f, 3.0f, 0.5f, -1.5f, 2.7f, 0.0f}) {
+    INFO("exponent " << exponent);
+    const Tensor a = test::random_tensor({3, 7}, 26, 0.1f, 3.0f);
+    const Tensor b = Tensor::scalar<float>(exponent);
+    Shape joined;
+    const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2(a.shape(), b.shape(), &joined);
+    REQUIRE(joined == a.shape());
+    Tensor want(DType::Float32, a.shape());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double x = a.data<float>()[i];
+      want.data<float>()[i] = static_cast<float>(exponent * std::pow(x, exponent - 1.0));
+    }
+    test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& ctx) {
+      return cuda::host::binary(cuda::BinaryOp::PowSlope, bc, a.data<float>(), b.data<float>(), y, want.numel(), ctx);
+    });
+  }
+  // The exact forms keep a zero base finite where the general formula would not (0^-0.5 aside):
+  // the slope of x^2 at 0 is 0, of x^1 is 1, of x^3 is 0.
+  const Tensor zero = Tensor::scalar<float>(0.0f);
+  for (const auto& [exponent, slope] : {std::pair{2.0f, 0.0f}, std::pair{1.0f, 1.0f}, std::pair{3.0f, 0.0f}}) {
+    const Tensor b = Tensor::scalar<float>(exponent);
+    Shape joined;
+    const cuda::Broadcast2 bc = rt::cuda_plan::make_broadcast2(zero.shape(), b.shape(), &joined);
+    Tensor want = Tensor::scalar<float>(slope);
+    test::check_every_launch(want, 0, 0, [&](float* y, const cuda::LaunchCtx& ctx) {
+      return cuda::host::binary(cuda::BinaryOp::PowSlope, bc, zero.data<float>(), b.data<float>(), y, 1, ctx);
+    });
+  }
+}
+
 TEST_CASE("unscale body matches GradScaler::unscale, non-finite values included", "[cuda][host_bodies][train]") {
   for (bool with_inf : {false, true}) {
     INFO("with inf " << with_inf);

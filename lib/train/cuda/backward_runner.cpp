@@ -128,6 +128,15 @@ struct Backward {
     }
   }
 
+  // Pow, the base only (as the CPU: exporters write a constant exponent): dA = sum_to(dY * B *
+  // A^(B-1)), the slope from the saved inputs.
+  void power() {
+    if (!wanted(0)) return;
+    const Tensor& b = saved_input(1);
+    if (b.dtype() != DType::Float32) unsupported(fmt::format("a {} exponent (the device backward is FP32)", dtype_name(b.dtype())));
+    grads[0] = sum_to(times(dy(), binary_op(cuda::BinaryOp::PowSlope, saved_input(0), b)), in_shape(0));
+  }
+
   // mpq::FakeQuant: the straight-through estimator with the clipping mask for X, and LSQ's
   // step-size gradient for the scale (per-element terms, a fixed-order per-channel sum times
   // calib::lsq_grad_scale_ref). The zero point is fixed.
@@ -621,6 +630,7 @@ struct Backward {
     else if (!node.domain.empty()) unsupported("no device backward for " + node.domain + "::" + op + " yet");
     else if (is_reshape_like(op)) reshape_like();
     else if (op == "Div") divide();
+    else if (op == "Pow") power();
     else if (op == "Concat") concat();
     else if (op == "Add" || op == "Sub" || op == "Mul") arithmetic();
     else if (op == "Conv") conv();
