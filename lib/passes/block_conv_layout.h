@@ -16,16 +16,24 @@ namespace mpq::passes {
 // multiple of the block. The kernel runs a blocked convolution through oneDNN, or through mpq's
 // kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice
 // is always safe; it only pays where oneDNN runs both ends.
+//
+// With `channels_last` (oneDNN runs NHWC convolutions directly on this CPU), channel counts that are
+// not a multiple of the block do not stop it: the tensors that meet at a convolution (its X, Z and
+// Y) form groups, and a group with such a count is kept channels-last (NHWC, runtime/cpu/
+// channel_blocks.h's kChannelsLast) as a whole, since oneDNN's direct kernels take one layout family
+// in and out, not nChw16c on one side and NHWC on the other. MobileNets' 24-, 72- and 120-channel
+// tensors stay NHWC from one convolution to the next instead of being reordered around each.
 class BlockConvLayout : public Pass {
  public:
   // block: 8 or 16 (runtime/cpu/conv_onednn.h's onednn_channel_block()).
-  explicit BlockConvLayout(int64_t block) : block_(block) {}
+  explicit BlockConvLayout(int64_t block, bool channels_last = false) : block_(block), channels_last_(channels_last) {}
   std::string name() const override { return "block_conv_layout"; }
   std::vector<std::string> target_ops() const override { return {"Conv", "FusedConv"}; }
   PassStats run(ir::Model& model) override;
 
  private:
   int64_t block_;
+  bool channels_last_;
 };
 
 }  // namespace mpq::passes

@@ -47,7 +47,7 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   // Tensors between oneDNN convolutions stay in its channel-blocked layout (no reorders).
   if (backend == rt::BackendKind::CPU)
     if (const int64_t block = rt::cpu_conv_channel_block(); block > 0) {
-      BlockConvLayout block_layout(block);
+      BlockConvLayout block_layout(block, rt::cpu_conv_channels_last());
       for (std::string& note : run_pass(block_layout, model).notes) notes.push_back(std::move(note));
     }
   return notes;

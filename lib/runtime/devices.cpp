@@ -53,5 +53,6 @@ BackendKind resolve_device(const std::string& flag) {
 }
 
 int64_t cpu_conv_channel_block() { return cpu::onednn_channel_block(); }
+bool cpu_conv_channels_last() { return cpu::onednn_channels_last_direct(); }
 
 }  // namespace mpq::rt

@@ -37,5 +37,8 @@ BackendKind resolve_device(const std::string& flag);
 // The channel block of the CPU's convolution layout (8 or 16; passes/block_conv_layout), or 0 where
 // oneDNN is not built in or switched off (MPQ_ONEDNN=0) and convolutions run on plain NCHW.
 int64_t cpu_conv_channel_block();
+// Whether that layout pass may also keep tensors channels-last (NHWC): oneDNN runs such
+// convolutions with its direct kernels on this CPU (runtime/cpu/conv_onednn.h).
+bool cpu_conv_channels_last();
 
 }  // namespace mpq::rt

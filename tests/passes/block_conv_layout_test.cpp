@@ -12,6 +12,7 @@
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_bn.h"
 #include "passes/fuse_conv_activation.h"
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 #include "test_util.h"
@@ -92,11 +93,11 @@ void check_same_outputs(const Model& before, const Model& after) {
   }
 }
 
-Model fused_and_blocked(Model m, int64_t block, passes::PassStats* stats = nullptr) {
+Model fused_and_blocked(Model m, int64_t block, passes::PassStats* stats = nullptr, bool channels_last = false) {
   infer_shapes(m);  // as `mpq run` does: the residual Add fuses only between known, equal shapes
   passes::FuseConvActivation fuse;
   passes::run_pass(fuse, m);
-  passes::BlockConvLayout pass(block);
+  passes::BlockConvLayout pass(block, channels_last);
   passes::PassStats s = passes::run_pass(pass, m);
   REQUIRE(verify(m).empty());
   if (stats) *stats = s;
@@ -134,6 +135,59 @@ TEST_CASE("block_conv_layout with 16-channel blocks skips 24-channel tensors", "
   check_same_outputs(chain_model(false), m);
 }
 
+TEST_CASE("block_conv_layout with channels-last keeps a chain with a 24-channel tensor NHWC as a whole",
+          "[passes][blocked]") {
+  // a -> r1 -> b (r1 also as b's residual) -> r2 -> c (16 -> 24) -> r3 -> d, and r2 -> e: every kept
+  // edge meets another at a convolution, so one group; r3's 24 channels make it channels-last.
+  const int64_t last = rt::cpu::kChannelsLast;
+  passes::PassStats stats;
+  const Model m = fused_and_blocked(chain_model(false), 16, &stats, /*channels_last=*/true);
+  CHECK(stats.changed == 3);  // r1, r2 and r3
+  for (const char* name : {"a", "b", "c"}) CHECK(blocks_of(m, name).y == last);
+  for (const char* name : {"b", "c", "d", "e"}) CHECK(blocks_of(m, name).x == last);
+  CHECK(blocks_of(m, "b").z == last);
+  CHECK(blocks_of(m, "d").y == 0);  // read by GlobalAveragePool
+  CHECK(blocks_of(m, "e").y == 0);
+  check_same_outputs(chain_model(false), m);
+
+  // Where every count is a multiple of the block, the option changes nothing.
+  const Model eight = fused_and_blocked(chain_model(false), 8, nullptr, true);
+  for (const char* name : {"a", "b", "c"}) CHECK(blocks_of(eight, name).y == 8);
+  CHECK(blocks_of(eight, "d").x == 8);
+
+  // Two groups: a tensor that only a GlobalAveragePool reads splits the chain, and each group
+  // decides for itself.
+  auto split = [] {
+    Model sm;
+    sm.set_opset("", 17);
+    Graph& g = *sm.graph;
+    Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{2, 3, 10, 10}));
+    g.add_input(x);
+    Value* r1 = add_relu(g, add_conv(g, x, 3, 16, 3, "a", 11)->output(0), "r1");
+    Value* r2 = add_relu(g, add_conv(g, r1, 16, 32, 3, "b", 13)->output(0), "r2");  // 16-blocked group a, b
+    Value* p = g.add_value("p");
+    g.add_node("MaxPool", {r2}, {p}, "pool")->set_attr(Attribute::make_ints("kernel_shape", {2, 2}));
+    Value* r3 = add_relu(g, add_conv(g, p, 32, 24, 1, "c", 15)->output(0), "r3");  // channels-last group c, d
+    Value* y = add_conv(g, r3, 24, 8, 3, "d", 17)->output(0);
+    g.add_output(y);
+    return sm;
+  };
+  const Model two = fused_and_blocked(split(), 16, nullptr, true);
+  CHECK(blocks_of(two, "a").y == 16);
+  CHECK(blocks_of(two, "b").x == 16);
+  CHECK(blocks_of(two, "b").y == 0);  // read by MaxPool
+  CHECK(blocks_of(two, "c").y == last);
+  CHECK(blocks_of(two, "d").x == last);
+  const rt::Feeds f{{"x", test::random_tensor({2, 3, 10, 10}, 43, -2.0f, 2.0f)}};
+  const auto want = test::run_model(split(), f);
+  for (const auto use : {rt::cpu::OnednnUse::Auto, rt::cpu::OnednnUse::Off}) {
+    rt::cpu::ScopedOnednn scope(use);
+    const auto got = test::run_model(two, f);
+    REQUIRE(got.size() == want.size());
+    CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
+  }
+}
+
 TEST_CASE("block_conv_layout leaves tensors other ops or the caller read", "[passes][blocked]") {
   const Model m = fused_and_blocked(chain_model(true), 8);
   CHECK(blocks_of(m, "c").y == 0);  // r3 is also read by the tap Relu
@@ -166,8 +220,10 @@ TEST_CASE("block_conv_layout on the shipped CNNs blocks their convolution chains
   // The pipeline `mpq run` uses (shapes, folding, BatchNorm and activation fusion, blocking),
   // independent of whether oneDNN is built in: the pass itself only looks at the graph.
   for (const auto& [name, at_least] : std::vector<std::pair<std::string, int>>{{"resnet_bn_op17", 6},
-                                                                                {"mobilenetv3_op17", 4}}) {
-    INFO(name);
+                                                                                {"mobilenetv3_op17", 4}})
+  for (const bool channels_last : {false, true}) {
+    INFO(name << (channels_last ? " with channels-last at 16-channel blocks" : " at 8-channel blocks"));
+    const int64_t want_block = channels_last ? 16 : 8;
     const auto path = test::source_dir() / "tests" / "models" / (name + ".onnx");
     const Model plain = load_model(path.string());
     Model m = load_model(path.string());
@@ -175,14 +231,21 @@ TEST_CASE("block_conv_layout on the shipped CNNs blocks their convolution chains
     passes::FoldConstants fold;
     passes::FuseConvBn fuse_bn(true);
     passes::FuseConvActivation fuse;
-    passes::BlockConvLayout block(8);
+    passes::BlockConvLayout block(want_block, channels_last);
     for (passes::Pass* p : std::vector<passes::Pass*>{&fold, &fuse_bn, &fuse}) passes::run_pass(*p, m);
     const passes::PassStats s = passes::run_pass(block, m);
     REQUIRE(verify(m).empty());
     CHECK(s.changed >= at_least);
-    int blocked_outputs = 0;
-    for (const auto& n : m.graph->nodes()) blocked_outputs += n->attr_int("y_block", 0) == 8 ? 1 : 0;
-    CHECK(blocked_outputs == s.changed);
+    int blocked_outputs = 0, nhwc_outputs = 0;
+    for (const auto& n : m.graph->nodes()) {
+      blocked_outputs += n->attr_int("y_block", 0) == want_block ? 1 : 0;
+      nhwc_outputs += n->attr_int("y_block", 0) == rt::cpu::kChannelsLast ? 1 : 0;
+    }
+    CHECK(blocked_outputs + nhwc_outputs == s.changed);
+    // MobileNetV3's 24-, 72- and 120-channel chains are what channels-last is for; ResNet's counts
+    // are all multiples of 16.
+    if (!channels_last || name == "resnet_bn_op17") CHECK(nhwc_outputs == 0);
+    else CHECK(nhwc_outputs > 0);
     const Value* in = m.graph->inputs()[0];
     Shape shape;
     for (const auto& d : in->type.dims) shape.push_back(d.known() ? d.value : 2);

@@ -73,10 +73,21 @@ TEST_CASE("channel-blocked layout conversions follow [N, C/b, H*W, b] and invert
                   x.data<float>()[(n * C + c) * S + s]);
     CHECK(test::max_abs_diff(unblocked(b, block), x) == 0.0);
   }
+  // Channels-last: one block of all C channels, NHWC.
+  const Tensor x = test::random_tensor({2, 24, 3, 5}, 24);
+  const Tensor nhwc = blocked(x, rt::cpu::kChannelsLast);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 24; ++c)
+      for (int64_t s = 0; s < 15; ++s) REQUIRE(nhwc.data<float>()[(n * 15 + s) * 24 + c] == x.data<float>()[(n * 24 + c) * 15 + s]);
+  CHECK(test::max_abs_diff(unblocked(nhwc, rt::cpu::kChannelsLast), x) == 0.0);
   CHECK(rt::cpu::valid_channel_block(0));
   CHECK(rt::cpu::valid_channel_block(8));
   CHECK(rt::cpu::valid_channel_block(16));
+  CHECK(rt::cpu::valid_channel_block(rt::cpu::kChannelsLast));
   CHECK_FALSE(rt::cpu::valid_channel_block(4));
+  CHECK_FALSE(rt::cpu::valid_channel_block(-2));
+  CHECK(rt::cpu::fits_channel_block(rt::cpu::kChannelsLast, 24));
+  CHECK_FALSE(rt::cpu::fits_channel_block(16, 24));
 }
 
 TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on both paths", "[conv][blocked]") {
@@ -90,11 +101,19 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
       {2, 32, 32, 32, {7, 9}, {3, 3}, {2, 1}, {1, 1, 1, 1}},
       {1, 32, 32, 2, {6, 6}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
       {1, 16, 16, 16, {8, 7}, {3, 3}, {1, 2}, {0, 1, 2, 1}},  // depthwise, asymmetric pads
+      // Channel counts only channels-last holds: MobileNet's pointwise 24 -> 72 and 72 -> 24,
+      // depthwise 72 (3x3) and 120 (5x5, strided), and a dense 3x3 of odd counts.
+      {2, 24, 72, 1, {8, 8}, {1, 1}, {1, 1}, {0, 0, 0, 0}},
+      {2, 72, 24, 1, {7, 9}, {1, 1}, {1, 1}, {0, 0, 0, 0}},
+      {2, 72, 72, 72, {8, 8}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+      {1, 120, 120, 120, {7, 7}, {5, 5}, {2, 2}, {2, 2, 2, 2}},
+      {1, 12, 20, 1, {6, 5}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
   };
   uint32_t seed = 2100;
-  for (const int64_t block : {8, 16})
+  for (const int64_t block : {int64_t{8}, int64_t{16}, rt::cpu::kChannelsLast})
     for (const BlockCase& k : cases)
       for (int combo = 1; combo < 8; ++combo) {
+        if (!rt::cpu::fits_channel_block(block, k.c) || !rt::cpu::fits_channel_block(block, k.m)) continue;
         const int64_t xb = (combo & 1) ? block : 0, zb = (combo & 2) ? block : 0, yb = (combo & 4) ? block : 0;
         INFO("block " << block << " C=" << k.c << " M=" << k.m << " group=" << k.group << " in " << shape_str(k.in)
                       << " kernel " << shape_str(k.kernel) << " x/z/y blocks " << xb << "/" << zb << "/" << yb);
@@ -132,6 +151,12 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
           // Rapids): for a channel-blocked input it then offers only its reference kernel, and
           // mpq's kernels run with conversions (checked above to be right).
           const bool depthwise = k.group == k.c && k.c > 1;
+          if (block == rt::cpu::kChannelsLast && rt::cpu::onednn_channels_last_direct() && (combo == 7 || combo == 5)) {
+            // X and Y both NHWC, as block_conv_layout pairs them: oneDNN's direct kernels, the
+            // same bits at one thread and two.
+            CHECK(rt::cpu::onednn_conv_count() == before + 2);
+            CHECK(test::max_abs_diff(one, two) == 0.0);
+          }
           if (block == rt::cpu::onednn_channel_block()) {
             if (!(depthwise && rt::cpu::onednn_bf16_cores())) CHECK(rt::cpu::onednn_conv_count() == before + 2);
             else CHECK((rt::cpu::onednn_conv_count() == before + 2 || rt::cpu::onednn_conv_count() == before));

@@ -4,12 +4,14 @@
 
 namespace mpq::rt::cpu {
 
-bool valid_channel_block(int64_t block) { return block == 0 || block == 8 || block == 16; }
+bool valid_channel_block(int64_t block) { return block == 0 || block == 8 || block == 16 || block == kChannelsLast; }
 
 // One task per (image, channel block): it reads b planes and writes one interleaved block (or the
 // reverse), every element exactly once, so the result is independent of the thread count.
 void to_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n, int64_t c, int64_t spatial,
                        int64_t block) {
+  if (block == kChannelsLast) block = c;
+  if (block <= 0) return;  // no channels
   const int64_t blocks = c / block;
   pool.parallel_for(n * blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
@@ -23,6 +25,8 @@ void to_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n
 
 void from_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n, int64_t c, int64_t spatial,
                          int64_t block) {
+  if (block == kChannelsLast) block = c;
+  if (block <= 0) return;  // no channels
   const int64_t blocks = c / block;
   pool.parallel_for(n * blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {

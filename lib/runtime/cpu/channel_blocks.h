@@ -6,6 +6,7 @@
 // where a kernel has to see plain NCHW after all (mpq's own convolution kernels as the fallback).
 // C must be a multiple of b (the pass blocks no other tensor), so both layouts hold the same number
 // of elements and the tensor keeps its NCHW shape. Not a public API.
+// The conversions take b = kChannelsLast (one block of C channels) too.
 #include <cstdint>
 
 namespace mpq::rt {
@@ -14,8 +15,17 @@ class ThreadPool;
 
 namespace mpq::rt::cpu {
 
-// The block sizes a tensor may carry (0 = plain NCHW).
+// Channels-last (NHWC): the blocked layout with a single block of all C channels, [N, 1, S, C]. It
+// fits any channel count; passes/block_conv_layout keeps tensors in it where a chain of
+// convolutions has channel counts that are not multiples of 8 or 16 (MobileNets' 24, 72, 120).
+inline constexpr int64_t kChannelsLast = -1;
+
+// The layouts a tensor may carry: 0 (plain NCHW), 8 or 16 (channel blocks), kChannelsLast.
 bool valid_channel_block(int64_t block);
+// Whether a tensor with `channels` channels can be held in `block`'s layout.
+inline bool fits_channel_block(int64_t block, int64_t channels) {
+  return block == 0 || block == kChannelsLast || (block > 0 && channels % block == 0);
+}
 
 // dst[n, c / b, s, c % b] = src[n, c, s] for the `spatial` positions s (H * W).
 void to_channel_blocks(ThreadPool& pool, const float* src, float* dst, int64_t n, int64_t c, int64_t spatial,

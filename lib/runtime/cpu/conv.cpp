@@ -558,12 +558,12 @@ BlockedIo read_blocked_io(const KernelContext& ctx, const Tensor& x, int64_t M, 
   io.y = n.attr_int("y_block", 0);
   if (!io.any()) return io;
   for (const int64_t b : {io.x, io.z, io.y})
-    if (!valid_channel_block(b)) ctx.fail("channel block {} is not 0, 8 or 16", b);
+    if (!valid_channel_block(b)) ctx.fail("channel block {} is not 0, 8, 16 or {} (channels-last)", b, kChannelsLast);
   if (x.dtype() != DType::Float32 || x.rank() != 4)
     ctx.fail("channel-blocked layouts need a float32 2-D convolution, got {}{}", dtype_name(x.dtype()),
              shape_str(x.shape()));
-  if (io.x && x.dim(1) % io.x != 0) ctx.fail("X has {} channels, not a multiple of its block {}", x.dim(1), io.x);
-  if ((io.y && M % io.y != 0) || (io.z && M % io.z != 0))
+  if (!fits_channel_block(io.x, x.dim(1))) ctx.fail("X has {} channels, not a multiple of its block {}", x.dim(1), io.x);
+  if (!fits_channel_block(io.y, M) || !fits_channel_block(io.z, M))
     ctx.fail("the output's {} channels are not a multiple of the channel block", M);
   if (io.z && !has_z) ctx.fail("z_block is set but there is no Z input");
   return io;
@@ -579,7 +579,7 @@ void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w,
   // Depthwise from a blocked X: computed in X's blocks (then unblocked if Y is plain), with the
   // epilogue elementwise on Y's layout when Z (if any) shares it.
   const int64_t C = x.dim(1);
-  if (G == C && C > 1 && w.dim(0) == C && w.dim(1) == 1 && win.rank() == 2 && io.x != 0 && (io.y == 0 || io.y == io.x) &&
+  if (G == C && C > 1 && w.dim(0) == C && w.dim(1) == 1 && win.rank() == 2 && io.x > 0 && (io.y == 0 || io.y == io.x) &&
       (epi.z == nullptr || io.z == io.y)) {
     Tensor blocked_y = io.y ? y : Tensor(DType::Float32, y.shape());
     depthwise_conv2d_blocked(pool, x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, blocked_y.data<float>(), N,

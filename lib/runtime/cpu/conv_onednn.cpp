@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/thread_pool.h"
 
@@ -87,6 +88,7 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 int64_t onednn_channel_block() { return 0; }
+bool onednn_channels_last_direct() { return false; }
 bool onednn_bf16_cores() { return false; }
 
 #else
@@ -204,10 +206,12 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
   return p;
 }
 
-// Plain NCHW, or the channel-blocked layout of runtime/cpu/channel_blocks.h (aBcd8b is nChw8c).
+// Plain NCHW, or the channel-blocked layouts of runtime/cpu/channel_blocks.h (aBcd8b is nChw8c;
+// kChannelsLast is NHWC).
 memory::desc activation_desc(const memory::dims& dims, int64_t block) {
   if (block == 8) return memory::desc(dims, dt::f32, tag::aBcd8b);
   if (block == 16) return memory::desc(dims, dt::f32, tag::aBcd16b);
+  if (block == kChannelsLast) return memory::desc(dims, dt::f32, tag::nhwc);
   return memory::desc(dims, dt::f32, tag::nchw);
 }
 
@@ -388,6 +392,29 @@ bool onednn_bf16_cores() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   return (isa & bf16) == bf16;
+}
+
+bool onednn_channels_last_direct() {
+  if (!onednn_enabled()) return false;
+  static const bool direct = [] {
+    DnnlConvShape pointwise;
+    pointwise.n = 8;
+    pointwise.c = 24;
+    pointwise.m = 72;
+    pointwise.ih = pointwise.iw = pointwise.oh = pointwise.ow = 8;
+    pointwise.bias = true;
+    pointwise.x_block = pointwise.y_block = kChannelsLast;
+    DnnlConvShape depthwise = pointwise;
+    depthwise.c = depthwise.group = 72;
+    depthwise.kh = depthwise.kw = 3;
+    depthwise.pt = depthwise.pl = depthwise.pb = depthwise.pr = 1;
+    try {
+      return make_plan(pointwise)->direct && make_plan(depthwise)->direct;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return direct;
 }
 
 int64_t onednn_channel_block() {

@@ -32,8 +32,9 @@ struct DnnlConvShape {
   bool bias = false, residual = false;
   DnnlAct act = DnnlAct::None;
   float p0 = 0.0f, p1 = 0.0f;
-  // Layout of x, z and y: 0 = plain NCHW, 8 or 16 = channel-blocked (runtime/cpu/channel_blocks.h),
-  // as passes/block_conv_layout marks them. A blocked tensor is used by oneDNN as it is.
+  // Layout of x, z and y: 0 = plain NCHW, 8 or 16 = channel-blocked, kChannelsLast = NHWC
+  // (runtime/cpu/channel_blocks.h), as passes/block_conv_layout marks them. A blocked tensor is used
+  // by oneDNN as it is.
   int64_t x_block = 0, z_block = 0, y_block = 0;
   bool blocked() const { return x_block != 0 || z_block != 0 || y_block != 0; }
   bool operator==(const DnnlConvShape&) const = default;
@@ -85,6 +86,12 @@ class ScopedOnednn {
 // oneDNN is not compiled in or switched off: passes/block_conv_layout keeps tensors between
 // convolutions in that layout.
 int64_t onednn_channel_block();
+
+// Whether oneDNN runs channels-last (NHWC) convolutions with its direct kernels on this CPU: a
+// pointwise and a depthwise probe of MobileNet-like shapes (24 -> 72 channels, 72 depthwise), planned
+// once. passes/block_conv_layout keeps tensors channels-last only where this holds; elsewhere mpq's
+// kernels would run such a convolution with a conversion on each side.
+bool onednn_channels_last_direct();
 
 // Whether oneDNN's effective ISA includes AVX-512 BF16 (Cooper Lake, Sapphire Rapids and later),
 // where oneDNN 2.6 prefers its batch-reduce kernels: brgconv for the FP32 forward and brdgmm for
