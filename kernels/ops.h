@@ -19,6 +19,8 @@ struct LaunchCtx {
 
 #define MPQ_CUDA_DECLARE_OPS                                                                                        \
   int unary(UnaryOp op, float alpha, float beta, const float* x, float* y, int64_t n, const LaunchCtx& c);        \
+  /* mixed precision: FP32 <-> FP16 / BF16 storage (x, y: float or uint16_t as kind says) */                      \
+  int convert_float(FloatConvert kind, const void* x, void* y, int64_t n, const LaunchCtx& c);                    \
   int binary(BinaryOp op, const Broadcast2& bc, const float* a, const float* b, float* y, int64_t n,               \
              const LaunchCtx& c);                                                                                   \
   int reduce(ReduceOp op, const float* x, float* y, int64_t outer, int64_t n, int64_t inner, const LaunchCtx& c);  \

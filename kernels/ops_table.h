@@ -80,6 +80,8 @@ struct OpsTable {
   int (*sgd_step)(const SgdStep&, float*, const float*, float*, int64_t, const LaunchCtx&);
   int (*adamw_step)(const AdamWStep&, float*, const float*, float*, float*, int64_t, const LaunchCtx&);
   void (*release_stream)(void*);
+  // Mixed precision (version 10): FP32 <-> FP16 / BF16 storage conversions.
+  int (*convert_float)(FloatConvert, const void*, void*, int64_t, const LaunchCtx&);
 };
 
 const OpsTable& host_ops_table();  // in mpq_cuda_host

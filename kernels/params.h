@@ -32,6 +32,10 @@ enum class UnaryOp : int { Relu, Sigmoid, Tanh, Exp, Log, Neg, Abs, Sqrt, Erf, G
 // PowSlope is Pow's derivative in its base, B * A^(B-1) (training's backward; no ONNX op).
 enum class BinaryOp : int { Add, Sub, Mul, Div, Max, Min, Pow, PowSlope };
 enum class ReduceOp : int { Sum, Mean, Max, Min };
+// Float storage conversions (mixed precision): FP32 to FP16 / BF16 rounds to nearest even (FP16
+// overflow gives inf, NaN stays NaN), the widening directions are exact. FP16 and BF16 are their
+// 16-bit patterns (uint16_t), as mpq's Float16 / BFloat16 tensors hold them.
+enum class FloatConvert : int { F32ToF16, F16ToF32, F32ToBF16, BF16ToF32 };
 enum class ResizeCoord : int { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric };
 enum class ResizeNearest : int { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
 

@@ -252,17 +252,23 @@ def section_qat(args, torch):
     mode["amp"] = False  # the same step in FP32, what mpq's GPU training runs
     ms32 = time_device(torch, step, dev, 30 if not args.quick else 5, warmup=5)
     steps = 20 if not args.quick else 4
-    with tempfile.TemporaryDirectory() as tmp:
-        rc, out, err, _ = run([args.mpq, "qat-finetune", os.path.join(args.repo, "calib_data", "demo.onnx"), "--data",
-                               os.path.join(args.repo, "calib_data", "calib"), "--weight-bits", "4", "--steps", str(steps),
-                               "--batch-size", "64", "--lr", "1e-4", "--device", args.mpq_device, "--json",
-                               "-o", os.path.join(tmp, "qat.onnx")], timeout=900)
-    if rc == 0:
-        d = json.loads(out)
-        mpq = {"mpq_fp32_step_ms": 1000.0 * d["seconds"] / max(d["steps"], 1), "mpq_first_loss": d["first_loss"],
-               "mpq_vs_torch_fp32": 1000.0 * d["seconds"] / max(d["steps"], 1) / ms32}
-    else:
-        mpq = {"mpq": f"qat-finetune --device {args.mpq_device} exited {rc}: {err.strip()[-300:]}"}
+    mpq = {}
+    # mpq's step in FP32 and with --amp fp16 (autocast's FP16 storage and dynamic loss scaling),
+    # each against PyTorch's step of the same precision.
+    for amp, torch_ms in (("off", ms32), ("fp16", ms)):
+        key = "fp32" if amp == "off" else "amp_fp16"
+        with tempfile.TemporaryDirectory() as tmp:
+            rc, out, err, _ = run([args.mpq, "qat-finetune", os.path.join(args.repo, "calib_data", "demo.onnx"), "--data",
+                                   os.path.join(args.repo, "calib_data", "calib"), "--weight-bits", "4", "--steps", str(steps),
+                                   "--batch-size", "64", "--lr", "1e-4", "--device", args.mpq_device, "--amp", amp, "--json",
+                                   "-o", os.path.join(tmp, "qat.onnx")], timeout=900)
+        if rc == 0:
+            d = json.loads(out)
+            step_ms = 1000.0 * d["seconds"] / max(d["steps"], 1)
+            mpq.update({f"mpq_{key}_step_ms": step_ms, f"mpq_{key}_first_loss": d["first_loss"],
+                        f"mpq_{key}_vs_torch": step_ms / torch_ms})
+        else:
+            mpq[f"mpq_{key}"] = f"qat-finetune --device {args.mpq_device} --amp {amp} exited {rc}: {err.strip()[-300:]}"
     row = {"model": "fashion_demo (4-bit weights, int8 activations, fake-quant)", "batch": 64, "torch_amp_fp16_step_ms": ms,
            "torch_fp32_step_ms": ms32, "torch_first_loss": loss0, **mpq}
     log("qat_step", json.dumps(row))

@@ -62,9 +62,6 @@ int qat_command(const QatOpts& o) {
   if (o.weight_bits == 4 && o.activation_type != "int8" && o.activation_type != "uint8")
     fail_input("--activation-type must be int8 or uint8");
   const rt::BackendKind device = rt::resolve_device(o.device);
-  if (device == rt::BackendKind::CUDA && o.amp != "off")
-    fail_unsupported("--amp {} with --device cuda: mixed precision on the GPU is not written yet; use --amp off or "
-                     "--device cpu", o.amp);
   refuse_overwrite_input(o.model, o.output);
   const fs::path out_dir = fs::path(o.output).has_parent_path() ? fs::path(o.output).parent_path() : fs::path(".");
   if (!fs::is_directory(out_dir)) fail_input("{}: output folder {} does not exist", o.output, out_dir.string());
@@ -242,7 +239,7 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   sub.add_option("--device", o->device,
                  "cpu (default), auto (the CPU) or cuda (the student's forward and backward and the teacher on the GPU, "
-                 "with the optimizer update; FP32 only; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+                 "with the optimizer update; FP32 models, --amp as on the CPU; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");

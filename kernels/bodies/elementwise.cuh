@@ -48,6 +48,25 @@ MPQ_HD inline float binary_apply(BinaryOp op, float a, float b) {
   return a;
 }
 
+// Float storage conversion (kernels/params.h's FloatConvert): x and y are float or uint16_t arrays
+// as the direction says.
+struct ConvertBody {
+  FloatConvert kind;
+  const void* x;
+  void* y;
+  int64_t n;
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t i = t.global(); i < n; i += t.stride()) {
+      switch (kind) {
+        case FloatConvert::F32ToF16: static_cast<uint16_t*>(y)[i] = hd_float_to_half_bits(static_cast<const float*>(x)[i]); break;
+        case FloatConvert::F16ToF32: static_cast<float*>(y)[i] = hd_half_bits_to_float(static_cast<const uint16_t*>(x)[i]); break;
+        case FloatConvert::F32ToBF16: static_cast<uint16_t*>(y)[i] = hd_float_to_bf16_bits(static_cast<const float*>(x)[i]); break;
+        case FloatConvert::BF16ToF32: static_cast<float*>(y)[i] = hd_bf16_bits_to_float(static_cast<const uint16_t*>(x)[i]); break;
+      }
+    }
+  }
+};
+
 struct UnaryBody {
   UnaryOp op;
   float alpha, beta;

@@ -16,6 +16,7 @@
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 #include "train/cuda/backward_runner.h"
+#include "train/cuda/device_amp.h"
 #include "train/cuda/device_parameters.h"
 #include "train/grads/grad_util.h"
 
@@ -176,11 +177,21 @@ struct DevicePath {
     if (!on_device(t)) return t;
     return rt::gpu::to_host(t, runtime->backend, runtime->stream, name, what);
   }
-  // a + b (same shape) as a new device tensor.
+  // a + b (same shape) as a new device tensor of a's type (FP16/BF16 added in FP32, then rounded,
+  // as the CPU engine's grad_util::add).
   Tensor add(const Tensor& a, const Tensor& b, const std::string& name) {
+    const Tensor wa = widen(a, name, "gradient sum"), wb = widen(b, name, "gradient sum");
     Tensor r = rt::gpu::device_empty(runtime->alloc, DType::Float32, a.shape(), runtime->stream, name, "gradient sum");
-    gpu::add_same_shape(*runtime, a, b, r, name, "gradient sum");
-    return r;
+    gpu::add_same_shape(*runtime, wa, wb, r, name, "gradient sum");
+    return convert(r, a.dtype(), name, "gradient sum");
+  }
+  // Mixed precision: a float value stored as `to` (on the device where it lives there).
+  Tensor convert(const Tensor& t, DType to, const std::string& name, const char* what) {
+    if (!t.defined() || t.dtype() == to) return t;
+    return on_device(t) ? gpu::convert_on_device(*runtime, t, to, name, what) : grad_util::convert(t, to);
+  }
+  Tensor widen(const Tensor& t, const std::string& name, const char* what) {
+    return on_device(t) ? gpu::widen_on_device(*runtime, t, name, what) : (t.defined() ? rt::widen_to_float32(t) : t);
   }
 };
 
@@ -224,10 +235,9 @@ struct Autograd::Impl {
         pool(options.threads) {
     plan();
     if (options.device == rt::BackendKind::CUDA) {
-      if (options.amp != Amp::Off)
-        fail_unsupported("mixed precision on the GPU is not written yet: train with --amp off, or on the CPU");
       // The device kernels and backward bodies are FP32 (float64 gradient checks and FP16/BF16
-      // models train on the CPU).
+      // models train on the CPU); mixed precision stores FP16/BF16 values around them
+      // (train/cuda/device_amp.h).
       for (const ir::Value* v : slot_values) {
         const DType t = v->has_initializer() ? v->initializer().dtype() : v->type.elem;
         if (is_float(t) && t != DType::Float32)
@@ -383,10 +393,13 @@ struct Autograd::Impl {
   // The tensor slot `s` holds for the forward: a parameter, running state, a constant or a value.
   Tensor convert_cached(int s, const Tensor& t, DType to) {
     const bool constant = param_of_slot[static_cast<size_t>(s)] >= 0 || slot_values[static_cast<size_t>(s)]->has_initializer();
-    if (!constant) return grad_util::convert(t, to);
+    auto convert = [&] {
+      return dev ? dev->convert(t, to, slot_values[static_cast<size_t>(s)]->name(), "autocast") : grad_util::convert(t, to);
+    };
+    if (!constant) return convert();
     auto it = low_cache.find(s);
     if (it != low_cache.end() && it->second.dtype() == to) return it->second;
-    Tensor c = grad_util::convert(t, to);
+    Tensor c = convert();
     low_cache[s] = c;
     return c;
   }
@@ -544,6 +557,22 @@ struct Autograd::Impl {
     std::vector<const Tensor*> ptrs(ni, nullptr);
     for (size_t i = 0; i < ni; ++i)
       if (ins[i].defined()) ptrs[i] = &ins[i];
+    std::vector<char> converted(ni, 0);
+    if (options.amp != Amp::Off) {
+      // Autocast, as on the CPU: the converted inputs are what the node sees and the backward keeps.
+      const AutocastDecision d = autocast(n, ptrs, options.amp);
+      for (size_t i = 0; i < ni; ++i)
+        if (d.cast_input[i]) {
+          ins[i] = convert_cached(st.inputs[i], ins[i], d.compute);
+          converted[i] = 1;
+        }
+    }
+    // A node with FP16/BF16 inputs computes in FP32 on the device: its inputs widened here, its
+    // float outputs rounded back to `low` below (runtime/low_precision.h's rule on the CPU).
+    const DType low = gpu::first_low_type(ins);
+    std::vector<Tensor> wide = ins;
+    if (low != DType::Undefined)
+      for (Tensor& t : wide) t = dev->widen(t, n.name, "mixed precision");
     CpuRun r;
     std::string reason;
     bool done = false;
@@ -559,7 +588,7 @@ struct Autograd::Impl {
       for (size_t j = 1; j < st.outputs.size(); ++j)
         if (st.outputs[j] >= 0) statistics_wanted = true;
       try {
-        gpu::BatchNormForward f = gpu::run_batchnorm_forward(n, options.training, ins, statistics_wanted, *dev->runtime);
+        gpu::BatchNormForward f = gpu::run_batchnorm_forward(n, options.training, wide, statistics_wanted, *dev->runtime);
         r.outs.assign(st.outputs.size(), Tensor());
         r.outs[0] = std::move(f.y);
         r.stash = std::move(f.stash);
@@ -579,17 +608,18 @@ struct Autograd::Impl {
       std::vector<DType> dtypes(ni, DType::Undefined);
       std::vector<const Tensor*> known(ni, nullptr);
       for (size_t i = 0; i < ni; ++i) {
-        if (!ins[i].defined()) continue;
-        shapes[i] = ins[i].shape();
-        dtypes[i] = ins[i].dtype();
-        known[i] = host_constant(st.inputs[i]);
+        if (!wide[i].defined()) continue;
+        shapes[i] = wide[i].shape();
+        dtypes[i] = wide[i].dtype();
+        // A constant the autocast rounded no longer holds the initializer's values.
+        if (!converted[i]) known[i] = host_constant(st.inputs[i]);
       }
       const rt::cuda_plan::NodeLaunch l = rt::cuda_plan::plan_node(n, st.opset, shapes, dtypes, known);
       if (l.kind == rt::cuda_plan::LaunchKind::Fallback) {
         reason = l.reason;
       } else {
         try {
-          r.outs = rt::gpu::run_planned_node(l, n, ins, *dev->runtime);
+          r.outs = rt::gpu::run_planned_node(l, n, wide, *dev->runtime);
           done = true;
         } catch (const Error& e) {
           if (e.kind() != ErrorKind::Unsupported) throw;
@@ -597,6 +627,9 @@ struct Autograd::Impl {
         }
       }
     }
+    if (done && low != DType::Undefined)
+      for (Tensor& t : r.outs)
+        if (t.defined() && t.dtype() == DType::Float32) t = dev->convert(t, low, n.name, "mixed precision");
     if (!done) {
       dev->log->note(n.op_type, reason);
       std::vector<Tensor> host(ni);
@@ -767,12 +800,21 @@ struct Autograd::Impl {
     call.present = st.present;
     call.input_shapes = st.in_shapes;
     call.wanted = st.wanted;
-    call.inputs = st.saved_in;
-    call.outputs = st.saved_out;
+    // FP16/BF16 values (mixed precision) go to the FP32 backward widened, as on the CPU.
+    auto widen = [&](const Tensor& t) { return dev->widen(t, n.name, "mixed precision"); };
+    call.inputs.resize(ni);
+    for (size_t i = 0; i < ni; ++i) call.inputs[i] = widen(st.saved_in[i]);
+    call.outputs.resize(no);
+    for (size_t j = 0; j < no; ++j) call.outputs[j] = widen(st.saved_out[j]);
     call.grad_outputs.resize(no);
     for (size_t j = 0; j < no; ++j)
-      if (st.outputs[j] >= 0) call.grad_outputs[j] = grad[static_cast<size_t>(st.outputs[j])];
-    for (size_t i = 0; i < ni; ++i) call.host_inputs.push_back(host_constant(st.inputs[i]));
+      if (st.outputs[j] >= 0) call.grad_outputs[j] = widen(grad[static_cast<size_t>(st.outputs[j])]);
+    for (size_t i = 0; i < ni; ++i) {
+      // A constant the autocast rounded no longer holds the initializer's values.
+      const int s = st.inputs[i];
+      const bool converted = s >= 0 && st.seen_dtype[i] != slot_dtype[static_cast<size_t>(s)];
+      call.host_inputs.push_back(converted ? nullptr : host_constant(s));
+    }
     call.stash = st.stash;
     call.training = options.training;
     bool on_device = true;
@@ -792,8 +834,8 @@ struct Autograd::Impl {
     if (!on_device) {
       dev->log->note(n.op_type + " (backward)", reason);
       std::vector<Tensor> ins(ni), outs(no), gouts(no);
-      for (size_t i = 0; i < ni; ++i) ins[i] = dev->download(st.saved_in[i], n.name, "saved input");
-      for (size_t j = 0; j < no; ++j) outs[j] = dev->download(st.saved_out[j], n.name, "saved output");
+      for (size_t i = 0; i < ni; ++i) ins[i] = dev->download(call.inputs[i], n.name, "saved input");
+      for (size_t j = 0; j < no; ++j) outs[j] = dev->download(call.outputs[j], n.name, "saved output");
       for (size_t j = 0; j < no; ++j) gouts[j] = dev->download(call.grad_outputs[j], n.name, "gradient");
       for (Tensor& t : st.stash) t = dev->download(t, n.name, "stashed value");  // the CPU kernel reads it
       g = cpu_backward(st, std::move(ins), std::move(outs), std::move(gouts));
@@ -802,7 +844,11 @@ struct Autograd::Impl {
     for (size_t i = 0; i < ni; ++i) {
       if (!st.wanted[i]) continue;
       if (i >= g.size() || !g[i].defined()) fail_internal("{} (backward): no gradient produced for input {}", n.label(), i);
-      accumulate(grad, st.inputs[i], std::move(g[i]));
+      const int s = st.inputs[i];
+      // Through the autocast conversion: rounded to the type the kernel saw, then to the value's.
+      Tensor gi = dev->convert(g[i], st.seen_dtype[i], n.name, "mixed precision");
+      gi = dev->convert(gi, slot_dtype[static_cast<size_t>(s)], n.name, "mixed precision");
+      accumulate(grad, s, std::move(gi));
     }
   }
 

@@ -67,13 +67,15 @@ inline ir::Model fake_quant_student(const std::string& stem) {
 // forward convolutions (a table declining them: `conv_forward_declined`) the same students agree
 // closely, which is what shows the device backward itself is right. `out_tol`: rel-L2 bound on the
 // outputs and running statistics. `table` and `mem`: the host harness or the GPU's.
+// `amp`: both engines train in mixed precision (FP16/BF16 values where autocast puts them).
 inline void compare_engines(const ir::Model& model, bool training, uint32_t seed, const mpq::cuda::OpsTable& table,
                             rt::gpu::DeviceMemoryBackend& mem, double grad_tol = 1e-4, bool conv_forward_declined = false,
-                            double out_tol = 1e-5) {
+                            double out_tol = 1e-5, train::Amp amp = train::Amp::Off) {
   const rt::Feeds feeds = test::random_feeds(model, seed);
   train::AutogradOptions co;
   co.threads = 1;
   co.training = training;
+  co.amp = amp;
   train::Autograd cpu(model, co);
   train::AutogradOptions go = co;
   go.device = rt::BackendKind::CUDA;
@@ -88,6 +90,7 @@ inline void compare_engines(const ir::Model& model, bool training, uint32_t seed
   std::vector<Tensor> dy;
   for (size_t j = 0; j < out_c.size(); ++j) {
     INFO("output " << j);
+    CHECK(out_d[j].dtype() == out_c[j].dtype());
     CHECK(rel_l2(out_d[j], out_c[j]) < out_tol);
     dy.push_back(test::random_tensor(out_c[j].shape(), seed + 100 + static_cast<uint32_t>(j)));
   }

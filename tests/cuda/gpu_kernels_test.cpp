@@ -82,6 +82,21 @@ TEST_CASE("GPU elementwise, reduction and softmax launchers match the host harne
   DeviceBuf<float> dg(g), dbe(be);
   same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::layer_norm(a, g.data(), be.data(), y, nullptr, nullptr, 21, 5, 1e-5f, c); },
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::layer_norm(a, dg.get(), dbe.get(), y, nullptr, nullptr, 21, 5, 1e-5f, c); });
+  // FP16 and BF16 storage (mixed precision), down and back up, bit for bit; values beyond FP16's
+  // range (inf) and below its normal range (subnormals) included.
+  std::vector<float> wide = rnd(105, 5, -70000.0f, 70000.0f);
+  for (size_t i = 0; i < 20; ++i) wide[i] *= 1e-9f;
+  for (const auto& [down, up] : {std::pair{cuda::FloatConvert::F32ToF16, cuda::FloatConvert::F16ToF32},
+                                 std::pair{cuda::FloatConvert::F32ToBF16, cuda::FloatConvert::BF16ToF32}}) {
+    std::vector<uint16_t> low(105);
+    DeviceBuf<uint16_t> dlow(low);
+    same_on_both(wide, 105, [&](const float* a, float* y, const cuda::LaunchCtx& c) {
+          const int r = cuda::host::convert_float(down, a, low.data(), 105, c);
+          return r ? r : cuda::host::convert_float(up, low.data(), y, 105, c); },
+        [&](const float* a, float* y, const cuda::LaunchCtx& c) {
+          const int r = cuda::gpu::convert_float(down, a, dlow.get(), 105, c);
+          return r ? r : cuda::gpu::convert_float(up, dlow.get(), y, 105, c); });
+  }
 }
 
 TEST_CASE("GPU pooling, resize and data-movement launchers match the host harness", "[cuda][gpu]") {

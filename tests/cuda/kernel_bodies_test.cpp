@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "host_grid.h"
 #include "kernels/lib_ops.h"
 #include "kernels/ops.h"
@@ -78,6 +80,45 @@ TEST_CASE("unary bodies match the CPU kernels", "[cuda][host_bodies]") {
       return cuda::host::unary(cuda::UnaryOp::Gelu, 0, 0, x.data<float>(), y, 37, c);
     });
   }
+}
+
+TEST_CASE("float conversion body rounds to FP16 and BF16 as core/half.h does, bit for bit", "[cuda][host_bodies][amp]") {
+  // Random values over FP16's whole range and beyond (overflow to inf), subnormals, ties, signed
+  // zeros, inf and NaN.
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -70000.0f, 6.1035156e-05f, 6.0e-08f,
+                          2.9e-08f, 1.0e-10f, 1.0009765625f + 0.00048828125f, 1.00146484375f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), 3.3895e38f, 1.1754944e-38f, 9.2e-41f};
+  const Tensor r = test::random_tensor({997}, 77, -80000.0f, 80000.0f);
+  for (int64_t i = 0; i < r.numel(); ++i) v.push_back(i % 3 == 0 ? r.data<float>()[i] * 1e-8f : r.data<float>()[i]);
+  const int64_t n = static_cast<int64_t>(v.size());
+  for (const bool bf16 : {false, true}) {
+    INFO((bf16 ? "BF16" : "FP16"));
+    Tensor want_low(DType::Int32, {n}), want_back(DType::Float32, {n});
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t bits = bf16 ? float_to_bf16_bits(v[static_cast<size_t>(i)]) : float_to_half_bits(v[static_cast<size_t>(i)]);
+      want_low.data<int32_t>()[i] = bits;
+      want_back.data<float>()[i] = bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+    }
+    for (const cuda::LaunchCtx& c : test::launches_for(n)) {
+      INFO("launch " << test::launch_str(c));
+      std::vector<uint16_t> low(static_cast<size_t>(n), 0xabcd);
+      std::vector<float> back(static_cast<size_t>(n), -1.0f);
+      REQUIRE(cuda::host::convert_float(bf16 ? cuda::FloatConvert::F32ToBF16 : cuda::FloatConvert::F32ToF16, v.data(), low.data(), n, c) == 0);
+      REQUIRE(cuda::host::convert_float(bf16 ? cuda::FloatConvert::BF16ToF32 : cuda::FloatConvert::F16ToF32, low.data(), back.data(), n, c) == 0);
+      int bad_low = 0, bad_back = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        bad_low += low[static_cast<size_t>(i)] != static_cast<uint16_t>(want_low.data<int32_t>()[i]);
+        const float w = want_back.data<float>()[i], g = back[static_cast<size_t>(i)];
+        bad_back += std::memcmp(&w, &g, 4) != 0;
+      }
+      CHECK(bad_low == 0);
+      CHECK(bad_back == 0);
+    }
+  }
+  // The cases the rounding rules are about.
+  CHECK(float_to_half_bits(65520.0f) == 0x7c00);  // rounds past the largest half: inf
+  CHECK(std::isnan(half_bits_to_float(float_to_half_bits(std::numeric_limits<float>::quiet_NaN()))));
 }
 
 TEST_CASE("binary bodies broadcast as the CPU kernels do", "[cuda][host_bodies]") {
