@@ -107,6 +107,15 @@ inline std::vector<GradCase> backward_cases() {
       {"Conv", {f({1, 3, 7, 7}, 14), f({3, 1, 3, 3}, 15)},
        {A::make_ints("pads", {2, 2, 2, 2}), A::make_ints("dilations", {2, 2}), A::make_int("group", 3)}, 11, {1, 1}},
       {"Conv", {f({2, 3, 11}, 16), f({4, 3, 3}, 17)}, {A::make_ints("strides", {2})}, 11, {0, 1}},
+      // ConvTranspose: dX a convolution of dY, dW its filter gradient, dB per channel; with
+      // groups, pads and output_padding, and 1-D.
+      {"ConvTranspose", {f({2, 6, 4, 5}, 69), f({6, 3, 2, 2}, 70), f({3}, 71)}, {A::make_ints("strides", {2, 2})}, 11, {1, 1, 1}},
+      {"ConvTranspose", {f({1, 4, 5, 4}, 72), f({4, 3, 3, 3}, 73)},
+       {A::make_int("group", 2), A::make_ints("strides", {2, 3}), A::make_ints("pads", {1, 1, 1, 1}),
+        A::make_ints("output_padding", {1, 2})},
+       11, {1, 1}},
+      {"ConvTranspose", {f({2, 3, 7}, 74), f({3, 2, 3}, 75)}, {A::make_ints("dilations", {2}), A::make_ints("pads", {1, 1})}, 11,
+       {1, 1}},
       {"Gemm", {f({5, 7}, 18), f({3, 7}, 19), f({3}, 20)}, {A::make_int("transB", 1)}, 13, {1, 1, 1}},
       {"Gemm", {f({7, 5}, 21), f({7, 3}, 22)}, {A::make_int("transA", 1)}, 13, {1, 1}},
       {"MatMul", {f({3, 5, 7}, 23), f({3, 7, 4}, 24)}, {}, 13, {1, 1}},

@@ -71,7 +71,7 @@ inline void run_model_cases(const cuda::OpsTable& table, rt::gpu::DeviceMemoryBa
     INFO("kernel table: " << device_ops << "| CPU fallback: " << cpu_ops);
     CHECK(device_nodes > 0);
     // The heavy ops of these FP32 models all run through the library entries.
-    for (const char* heavy : {"Conv", "MatMul", "Gemm"}) {
+    for (const char* heavy : {"Conv", "ConvTranspose", "MatMul", "Gemm"}) {
       INFO(heavy);
       CHECK(stats.on_cpu.count(heavy) == 0);
     }

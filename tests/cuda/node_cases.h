@@ -121,6 +121,18 @@ inline void run_linalg_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& 
   check_node(t, mem, "Conv", {f({1, 2, 4, 5, 5}, 50), f({3, 2, 2, 3, 3}, 51), f({3}, 52)},
              {Attribute::make_ints("strides", {1, 2, 1}), Attribute::make_ints("pads", {0, 1, 1, 0, 1, 1})}, 13, 1, "", rtol,
              atol);
+  // ConvTranspose as cuDNN's backward-data: U-Net's 2x upsampling (stride 2, kernel 2, bias),
+  // padded with output_padding and groups, dilated 1-D, and 3-D.
+  check_node(t, mem, "ConvTranspose", {f({2, 6, 4, 5}, 53), f({6, 3, 2, 2}, 54), f({3}, 55)},
+             {Attribute::make_ints("strides", {2, 2})}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "ConvTranspose", {f({1, 4, 5, 4}, 56), f({4, 3, 3, 3}, 57), f({6}, 58)},
+             {Attribute::make_int("group", 2), Attribute::make_ints("strides", {2, 3}), Attribute::make_ints("pads", {1, 1, 1, 1}),
+              Attribute::make_ints("output_padding", {1, 2})},
+             13, 1, "", rtol, atol);
+  check_node(t, mem, "ConvTranspose", {f({2, 3, 7}, 59), f({3, 2, 3}, 60)},
+             {Attribute::make_ints("dilations", {2}), Attribute::make_ints("pads", {1, 1})}, 13, 1, "", rtol, atol);
+  check_node(t, mem, "ConvTranspose", {f({1, 2, 3, 3, 2}, 61), f({2, 2, 2, 2, 2}, 62)},
+             {Attribute::make_ints("strides", {2, 1, 2})}, 13, 1, "", rtol, atol);
 }
 
 // Gather with indices the planner does not see (computed on the device): the body flags an index

@@ -130,6 +130,19 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
   CHECK(cb.bias.b_stride[1] == 1);
   CHECK(cb.bias.b_stride[2] == 0);
   CHECK_THROWS_AS(plan("Conv", {f({1, 4, 9, 9}), f({6, 4, 3, 3}), f({5})}, {}, 13), Error);
+  // ConvTranspose: the backward-data plan of the convolution from Y's shape back to X's.
+  using A = ir::Attribute;
+  check_planned("ConvTranspose", {f({2, 6, 4, 5}), f({6, 3, 2, 2}), f({3})}, {A::make_ints("strides", {2, 2})}, 13,
+                LaunchKind::ConvTranspose);
+  check_planned("ConvTranspose", {f({1, 4, 5, 4}), f({4, 3, 3, 3})},
+                {A::make_int("group", 2), A::make_ints("strides", {2, 3}), A::make_ints("pads", {1, 1, 1, 1}),
+                 A::make_ints("output_padding", {1, 2})},
+                13, LaunchKind::ConvTranspose);
+  check_planned("ConvTranspose", {f({2, 3, 7}), f({3, 2, 3})}, {A::make_ints("dilations", {2})}, 13, LaunchKind::ConvTranspose);
+  const NodeLaunch ct = plan("ConvTranspose", {f({2, 6, 4, 5}), f({6, 3, 2, 2}), f({3})}, {A::make_ints("strides", {2, 2})}, 13);
+  CHECK(ct.conv.y_shape == std::vector<int64_t>{2, 6, 4, 5});  // the convolution maps Y's shape onto X's
+  CHECK(ct.has_bias);
+  CHECK_THROWS_AS(plan("ConvTranspose", {f({1, 4, 5, 5}), f({3, 2, 3, 3})}, {}, 13), Error);  // W[0] != X's channels
 }
 
 TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") {
@@ -146,6 +159,12 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
         "Gemm beta != 1");
   CHECK(reason(plan("MatMul", {f({2, 3, 4}), f({1, 4, 5})}, {}, 13)).find("broadcast batch") != std::string::npos);
   CHECK(reason(plan("Conv", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_ints("pads", {0, 1, 1, 1})}, 13))
+            .find("asymmetric") != std::string::npos);
+  CHECK(reason(plan("ConvTranspose", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_string("auto_pad", "SAME_UPPER")},
+                    13)) == "auto_pad");
+  CHECK(reason(plan("ConvTranspose", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_ints("output_shape", {9, 9})},
+                    13)) == "output_shape");
+  CHECK(reason(plan("ConvTranspose", {f({1, 2, 5, 5}), f({2, 2, 3, 3})}, {ir::Attribute::make_ints("pads", {0, 1, 1, 1})}, 13))
             .find("asymmetric") != std::string::npos);
   CHECK(reason(plan("MaxPool", {f({1, 2, 5, 5, 5})}, {ir::Attribute::make_ints("kernel_shape", {2, 2, 2})}, 13))
             .find("2-D") != std::string::npos);

@@ -27,6 +27,7 @@ const char* launch_kind_name(LaunchKind k) {
     case LaunchKind::FakeQuant: return "fake-quant";
     case LaunchKind::Gemm: return "cublaslt-gemm";
     case LaunchKind::Conv: return "cudnn-conv";
+    case LaunchKind::ConvTranspose: return "cudnn-conv-transpose";
   }
   return "?";
 }
@@ -393,6 +394,51 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
       l.has_bias = true;
     }
     l.kind = LaunchKind::Conv;
+    return l;
+  }
+  if (op == "ConvTranspose") {
+    // Y = C^T X, where C is the convolution from Y's shape to X's with the same W ([C_in, C_out /
+    // group, k...] is that convolution's [M, C / group, k...]): cuDNN's backward-data of C.
+    if (node.attr_string("auto_pad", "NOTSET") != "NOTSET") return fallback("auto_pad");
+    if (!node.attr_ints("output_shape").empty()) return fallback("output_shape");
+    if (dtypes[0] != DType::Float32 || dtypes[1] != DType::Float32) return fallback("non-FP32 inputs");
+    const Shape& x = shapes[0];
+    const Shape& w = shapes[1];
+    if (x.size() < 3 || w.size() != x.size()) return fallback("input and weight ranks");
+    const size_t k = x.size() - 2;
+    const int64_t group = node.attr_int("group", 1);
+    if (group < 1 || w[0] != x[1] || x[1] % group != 0)
+      fail_input("{}: X has {} channels, W has shape {} (group {})", node.label(), x[1], shape_str(w), group);
+    auto ints = [&](const char* name, size_t n, int64_t dflt) {
+      std::vector<int64_t> v = node.attr_ints(name);
+      if (v.empty()) v.assign(n, dflt);
+      if (v.size() != n) fail_input("{}: {} has {} values, expected {}", node.label(), name, v.size(), n);
+      return v;
+    };
+    const std::vector<int64_t> strides = ints("strides", k, 1), dilations = ints("dilations", k, 1), pads = ints("pads", 2 * k, 0),
+                               output_padding = ints("output_padding", k, 0);
+    Shape y{x[0], w[1] * group};
+    for (size_t d = 0; d < k; ++d) {
+      const int64_t full = strides[d] * (x[2 + d] - 1) + output_padding[d] + (w[2 + d] - 1) * dilations[d] + 1;
+      const int64_t len = full - pads[d] - pads[k + d];
+      if (len <= 0) fail_input("{}: output spatial size {} along axis {}", node.label(), len, d);
+      y.push_back(len);
+    }
+    ConvRequest r{y, w, strides, dilations, pads, group};
+    l.conv = plan_conv(r);
+    if (!l.conv.use_cudnn) return fallback("cuDNN: " + l.conv.fallback_reason);
+    if (Shape(l.conv.y_shape.begin(), l.conv.y_shape.end()) != x) return fallback("geometry the backward-data plan does not invert");
+    l.out_shape = y;
+    if (shapes.size() > 2 && dtypes[2] != DType::Undefined) {
+      if (dtypes[2] != DType::Float32) return fallback("non-FP32 ConvTranspose bias");
+      if (shapes[2].size() != 1 || shapes[2][0] != y[1])
+        fail_input("{}: bias has shape {}, expected [{}]", node.label(), shape_str(shapes[2]), y[1]);
+      Shape bias_shape(y.size() - 1, 1), joined;
+      bias_shape[0] = y[1];
+      l.bias = make_broadcast2(y, bias_shape, &joined);
+      l.has_bias = true;
+    }
+    l.kind = LaunchKind::ConvTranspose;
     return l;
   }
   return fallback("no CUDA kernel");

@@ -33,6 +33,9 @@ enum class LaunchKind {
   FakeQuant,
   Gemm,
   Conv,
+  // ConvTranspose: cuDNN's backward-data of the convolution `conv` plans, which maps the
+  // ConvTranspose's output shape to its input shape with the same weights.
+  ConvTranspose,
 };
 const char* launch_kind_name(LaunchKind k);
 

@@ -210,6 +210,18 @@ struct Runner {
         }
         return {y};
       }
+      case LaunchKind::ConvTranspose: {
+        Tensor y = out(DType::Float32, l.out_shape);
+        if (y.numel() > 0) {
+          size_t bytes = 0;
+          check_lib(ops.conv_backward_workspace(l.conv, cuda_plan::ConvDirection::BackwardData, &bytes, ctx(y.numel())));
+          Tensor ws = workspace(bytes);
+          // X plays the convolution's output gradient, Y its input gradient (overwritten).
+          check_lib(ops.conv_backward_data(l.conv, fp(input(1)), fp(input(0)), fp(y), ws_ptr(ws), bytes, ctx(y.numel())));
+          add_bias(y, 2);
+        }
+        return {y};
+      }
       case LaunchKind::Fallback: break;
     }
     fail_unsupported("{}: the CUDA runner does not execute {} launches ({})", node.label(), cuda_plan::launch_kind_name(l.kind),

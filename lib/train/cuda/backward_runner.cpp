@@ -225,6 +225,38 @@ struct Backward {
     }
   }
 
+  // ConvTranspose, Y = C^T X with C the convolution of the forward's plan (Y's shape to X's, the
+  // same W): dX = C dY (that convolution's forward of dY), dW its backward-filter with dY as its
+  // input and X as its output gradient, dB dY summed per output channel.
+  void conv_transpose() {
+    if (l.kind != LaunchKind::ConvTranspose) unsupported(l.reason);
+    const Tensor& g = dy();
+    if (wanted(0)) {
+      grads[0] = out(in_shape(0));
+      if (grads[0].numel() > 0) {
+        size_t bytes = 0;
+        check_lib(rt.ops.conv_workspace(l.conv, &bytes, ctx(grads[0].numel())));
+        Tensor ws = workspace(bytes);
+        check_lib(rt.ops.conv_forward(l.conv, cfp(g), cfp(saved_input(1)), mfp(grads[0]), ws_ptr(ws), bytes, ctx(grads[0].numel())));
+      }
+    }
+    if (wanted(1)) {
+      grads[1] = out(in_shape(1));
+      if (grads[1].numel() > 0) {
+        size_t bytes = 0;
+        check_lib(rt.ops.conv_backward_workspace(l.conv, cuda_plan::ConvDirection::BackwardFilter, &bytes, ctx(g.numel())));
+        Tensor ws = workspace(bytes);
+        check_lib(rt.ops.conv_backward_filter(l.conv, cfp(g), cfp(saved_input(0)), mfp(grads[1]), ws_ptr(ws), bytes,
+                                              ctx(grads[1].numel())));
+      }
+    }
+    if (wanted(2)) {
+      const int64_t n = g.dim(0), m = g.dim(1), spatial = m * n > 0 ? g.numel() / (n * m) : 0;
+      grads[2] = out(in_shape(2));
+      if (m > 0) check(rt.ops.channel_grad_sum(n, m, spatial, cfp(g), mfp(grads[2]), ctx(m)), "bias gradient kernel launch");
+    }
+  }
+
   // The forward GEMM of Gemm / MatMul as a request (packed operands), or Unsupported.
   cuda_plan::GemmRequest gemm_request() const {
     cuda_plan::GemmRequest r;
@@ -634,6 +666,7 @@ struct Backward {
     else if (op == "Concat") concat();
     else if (op == "Add" || op == "Sub" || op == "Mul") arithmetic();
     else if (op == "Conv") conv();
+    else if (op == "ConvTranspose") conv_transpose();
     else if (op == "Gemm" || op == "MatMul") matmul();
     else if (op == "MaxPool" || op == "AveragePool") pool();
     else if (op == "GlobalAveragePool") broadcast_back(spatial_dims(), true);
