@@ -64,6 +64,8 @@ int calibrate_command(const CalibrateOpts& o) {
   co.activation_type = o.activation_type;
   co.reduce_range = o.reduce_range;
   co.backend = rt::resolve_device(o.device);
+  if (o.tensors == "quantized" && !o.trt_cache.empty())
+    fail_input("--trt-cache needs --tensors all: TensorRT reads ranges of tensors the fused graph does not have");
   refuse_overwrite_input(o.model, o.output);
   refuse_overwrite_input(o.model, calib::binary_table_path(o.output));
 
@@ -131,8 +133,8 @@ void setup_calibrate(CLI::App& sub, Action& action) {
   sub.add_option("--trt-cache", o->trt_cache, "also write a TensorRT calibration cache");
   sub.add_option("--tensors", o->tensors,
                  "all (default): every float tensor of the graph as written, for any consumer (TensorRT, "
-                 "--format qoperator); quantized: only those QDQ export and qat-finetune read, on the graph fused "
-                 "as `mpq run` runs it (faster)")
+                 "--format qoperator); quantized: the graph fused as `mpq run` runs it, keeping every tensor QDQ "
+                 "export and qat-finetune read (faster; not with --trt-cache, not for --format qoperator)")
       ->check(CLI::IsMember({"all", "quantized"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));

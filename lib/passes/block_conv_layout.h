@@ -11,9 +11,9 @@ namespace mpq::passes {
 // to NCHW after the producer and back before every consumer, as ONNX Runtime's NCHWc
 // transformation does. The producing and consuming convolutions become mpq::FusedConv nodes
 // carrying x_block / z_block / y_block attributes; the tensor keeps its NCHW shape (its channels
-// are a multiple of the block, so it holds the same number of elements). Guarded: never a graph
-// output or a value a subgraph reads, never a tensor any other op reads, float32 only, channels a
-// multiple of the block. The kernel runs a blocked convolution through oneDNN, or through mpq's
+// are a multiple of the block, or it is channels-last, so it holds the same number of elements).
+// Guarded: never a graph output or a value a subgraph reads, never a tensor any other op reads,
+// float32 only, channels a multiple of the block (without `channels_last` below). The kernel runs a blocked convolution through oneDNN, or through mpq's
 // kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice
 // is always safe; it only pays where oneDNN runs both ends.
 //

@@ -1,6 +1,7 @@
 #include "passes/to_qoperator.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "calib/qparams.h"
 #include "core/error.h"
@@ -41,7 +42,13 @@ int convert_to_qoperator(ir::Model& model, const calib::CalibrationTable& table,
     if (!dx || !dw) continue;
     Value* y = n->output(0);
     const calib::TensorCalib* yc = table.find(y->name());
-    if (!yc) continue;
+    if (!yc) {
+      // A table of the fused graph (calibrate --tensors quantized) has no range for a convolution's
+      // own output when an activation was fused into it.
+      spdlog::warn("{}: the calibration table has no range for its output '{}': it stays QDQ (calibrate with --tensors all "
+                   "for --format qoperator)", n->label(), y->name());
+      continue;
+    }
     // The bias must already be int32 (DequantizeLinear of an int32 initializer) or absent.
     Value* bias_q = nullptr;
     if (n->op_type == "Conv" && n->input(2)) {

@@ -447,4 +447,17 @@ TEST_CASE("mpq calibrate --tensors quantized: fewer tensors, the ones quantize r
                             (tmp / "bad.json").string()});
   CHECK(bad.exit_code != 0);
   CHECK_FALSE(fs::exists(tmp / "bad.json"));
+  // A TensorRT cache needs the tensors the fused graph does not have.
+  auto trt = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--tensors", "quantized", "--trt-cache",
+                            (tmp / "c.cache").string(), "-o", (tmp / "t.json").string()});
+  CHECK(trt.exit_code == 2);
+  CHECK_THAT(trt.err, Catch::Contains("--tensors all"));
+  CHECK_FALSE(fs::exists(tmp / "t.json"));
+  CHECK_FALSE(fs::exists(tmp / "c.cache"));
+  // QOperator export from that table leaves the convolutions whose output range it lacks as QDQ,
+  // saying so.
+  auto qop = test::run_mpq({"quantize", model.string(), "--calib", (tmp / "q.json").string(), "--format", "qoperator", "-o",
+                            (tmp / "qop.onnx").string()});
+  CHECK(qop.exit_code == 0);
+  CHECK_THAT(qop.err, Catch::Contains("stays QDQ"));
 }

@@ -4,9 +4,9 @@
 // pixel sit in one vector register. passes/block_conv_layout keeps tensors that flow from one
 // oneDNN convolution to the next in this layout, so neither reorders them; these functions convert
 // where a kernel has to see plain NCHW after all (mpq's own convolution kernels as the fallback).
-// C must be a multiple of b (the pass blocks no other tensor), so both layouts hold the same number
-// of elements and the tensor keeps its NCHW shape. Not a public API.
-// The conversions take b = kChannelsLast (one block of C channels) too.
+// C must be a multiple of b, or the layout channels-last (kChannelsLast below: one block of all C
+// channels), so both layouts hold the same number of elements and the tensor keeps its NCHW shape.
+// Not a public API.
 #include <cstdint>
 
 namespace mpq::rt {
