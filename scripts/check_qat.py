@@ -143,43 +143,35 @@ def main():
         # ---- 4. --device cuda, emulated on this machine (MPQ_CUDA_EMULATE=host: the CUDA training
         # path with the kernel bodies compiled for the host), against the CPU run of the same steps.
         short = [DEMO, "--data", CALIB, "--steps", "6", "--batch-size", "8", "--lr", "2e-4", "--threads", "2", "--json"]
-        cpu_out, cuda_out = os.path.join(tmp, "cpu6.onnx"), os.path.join(tmp, "cuda6.onnx")
-        rc = run([mpq, "qat-finetune"] + short + ["-o", cpu_out])
-        rg = run([mpq, "qat-finetune"] + short + ["--device", "cuda", "-o", cuda_out],
-                 env=dict(os.environ, MPQ_CUDA_EMULATE="host"))
-        if rg.returncode == 2 and "no CUDA support" in rg.stderr:
-            print(f"SKIP --device cuda: {rg.stderr.strip()}")
-        else:
-            check(rc.returncode == 0 and rg.returncode == 0,
-                  f"qat-finetune --device cuda (emulated) exits 0 ({rg.stderr.strip()[-300:]})")
-            if rc.returncode == 0 and rg.returncode == 0:
-                a, b = json.loads(rc.stdout)["losses"], json.loads(rg.stdout)["losses"]
-                # Step 1 sees the same weights: the same loss to float rounding. Later steps drift
-                # apart a little: FakeQuant turns the other summation order of the device's
-                # convolutions into whole-step changes where a value sits on a rounding boundary.
-                check(len(a) == len(b) == 6 and abs(a[0] - b[0]) <= 1e-4 * abs(a[0]),
-                      f"first step's loss on the CUDA path {b[0]:.7g} equals the CPU's {a[0]:.7g}")
-                worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-                check(worst <= 0.25, f"the CUDA path's losses track the CPU's over 6 steps (worst relative gap {worst:.3f})")
-                m = onnx.load(cuda_out)
-                onnx.checker.check_model(m)
-                check(not any(n.domain == "mpq" for n in m.graph.node), "the CUDA path's export is standard QDQ ONNX")
-            # Mixed precision on the CUDA path: FP16 values where autocast puts them and dynamic loss
-            # scaling, against the CPU engine's --amp fp16 run of the same steps.
-            amp_cpu, amp_cuda = os.path.join(tmp, "amp_cpu.onnx"), os.path.join(tmp, "amp_cuda.onnx")
-            ra = run([mpq, "qat-finetune"] + short + ["--amp", "fp16", "-o", amp_cpu])
-            rb = run([mpq, "qat-finetune"] + short + ["--device", "cuda", "--amp", "fp16", "-o", amp_cuda],
+
+        def cuda_against_cpu(label, extra, first_tol, worst_tol):
+            cpu_out, cuda_out = os.path.join(tmp, f"cpu_{label}.onnx"), os.path.join(tmp, f"cuda_{label}.onnx")
+            rc = run([mpq, "qat-finetune"] + short + extra + ["-o", cpu_out])
+            rg = run([mpq, "qat-finetune"] + short + extra + ["--device", "cuda", "-o", cuda_out],
                      env=dict(os.environ, MPQ_CUDA_EMULATE="host"))
-            check(ra.returncode == 0 and rb.returncode == 0,
-                  f"qat-finetune --device cuda --amp fp16 (emulated) exits 0 ({rb.stderr.strip()[-300:]})")
-            if ra.returncode == 0 and rb.returncode == 0:
-                a, b = json.loads(ra.stdout)["losses"], json.loads(rb.stdout)["losses"]
-                check(len(a) == len(b) == 6 and abs(a[0] - b[0]) <= 1e-3 * abs(a[0]),
-                      f"--amp fp16: the first step's loss on the CUDA path {b[0]:.7g} equals the CPU's {a[0]:.7g}")
-                worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-                # FP16 rounding hides the device's other summation order: the losses stay together.
-                check(worst <= 0.01, f"--amp fp16: the CUDA path's losses track the CPU's (worst relative gap {worst:.3f})")
-                onnx.checker.check_model(onnx.load(amp_cuda))
+            if rg.returncode == 2 and "no CUDA support" in rg.stderr:
+                print(f"SKIP --device cuda: {rg.stderr.strip()}")
+                return
+            check(rc.returncode == 0 and rg.returncode == 0,
+                  f"{label}: qat-finetune --device cuda (emulated) exits 0 ({rg.stderr.strip()[-300:]})")
+            if rc.returncode != 0 or rg.returncode != 0:
+                return
+            a, b = json.loads(rc.stdout)["losses"], json.loads(rg.stdout)["losses"]
+            check(len(a) == len(b) == 6 and abs(a[0] - b[0]) <= first_tol * abs(a[0]),
+                  f"{label}: the first step's loss on the CUDA path {b[0]:.7g} equals the CPU's {a[0]:.7g}")
+            worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+            check(worst <= worst_tol, f"{label}: the CUDA path's losses track the CPU's over 6 steps (worst relative gap {worst:.3f})")
+            m = onnx.load(cuda_out)
+            onnx.checker.check_model(m)
+            check(not any(n.domain == "mpq" for n in m.graph.node), f"{label}: the CUDA path's export is standard QDQ ONNX")
+
+        # FP32: step 1 sees the same weights, so the same loss to float rounding. Later steps drift
+        # apart a little: FakeQuant turns the other summation order of the device's convolutions
+        # into whole-step changes where a value sits on a rounding boundary.
+        cuda_against_cpu("fp32", [], 1e-4, 0.25)
+        # Mixed precision (FP16 values where autocast puts them, dynamic loss scaling) against the
+        # CPU engine's --amp fp16: FP16 rounding hides the other summation order, the losses stay together.
+        cuda_against_cpu("amp fp16", ["--amp", "fp16"], 1e-3, 0.01)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS" if not failures else f"FAIL: {len(failures)} check(s)")

@@ -155,8 +155,7 @@ TEST_CASE("block_conv_layout with channels-last keeps a chain with a 24-channel 
   for (const char* name : {"a", "b", "c"}) CHECK(blocks_of(eight, name).y == 8);
   CHECK(blocks_of(eight, "d").x == 8);
 
-  // Two groups: a tensor that only a GlobalAveragePool reads splits the chain, and each group
-  // decides for itself.
+  // Two groups: a tensor that a MaxPool reads splits the chain, and each group decides for itself.
   auto split = [] {
     Model sm;
     sm.set_opset("", 17);
