@@ -35,6 +35,8 @@ host_tests=(kernel_bodies_test quant_bodies_test train_bodies_test backward_runn
 gpu_tests=(gpu_kernels_test gpu_node_runner_test gpu_backward_runner_test gpu_autograd_test gpu_graph_runner_test gpu_executor_test gpu_conformance_test)
 # The models the graph runner tests load (tests/cuda/model_cases.h), found through $MPQ_TEST_MODELS.
 runner_models=(resnet_bn_op13 resnet_bn_op17 mobilenetv3_op13 transformer_op13 unet_op13 tiny_bert)
+# And the ones gpu_autograd_test adds (test::load_test_model looks in $MPQ_TEST_MODELS first).
+autograd_models=(mobilenetv3_op17 transformer_op17)
 tests=("${host_tests[@]}" "${gpu_tests[@]}")
 benches=(bench_cuda_kernels bench_cuda_gemm)
 
@@ -57,7 +59,7 @@ strip --strip-unneeded "$out"/bin/* 2>/dev/null || true
 cp "$src/scripts/gpu_check.sh" "$out/"
 cp -r "$src/tests/models/resnet_bn_op13.onnx" "$src/tests/models/resnet_bn_op13_data" "$out/data/"
 mkdir -p "$out/data/models"
-for m in "${runner_models[@]}"; do cp "$src/tests/models/$m.onnx" "$out/data/models/"; done
+for m in "${runner_models[@]}" "${autograd_models[@]}"; do cp "$src/tests/models/$m.onnx" "$out/data/models/"; done
 # The conformance tests' data (ONNX's backend test cases, $MPQ_TESTDATA) and known failures
 # ($MPQ_SOURCE_DIR/tests/runtime); the test data goes into payload.tar.xz (39 MB, 6 MB packed).
 testdata=$(sed -n 's/^MPQ_TESTDATA_DIR:PATH=//p' "$build_dir/CMakeCache.txt")

@@ -79,7 +79,11 @@ Tensor random_tensor(const Shape& shape, uint32_t seed, float lo, float hi) {
 }
 
 ir::Model load_test_model(const std::string& name) {
-  ir::Model m = ir::load_model((source_dir() / "tests/models" / name).string());
+  // The GPU bundle carries its test models without a source tree ($MPQ_TEST_MODELS).
+  fs::path path = source_dir() / "tests/models" / name;
+  if (const char* env = std::getenv("MPQ_TEST_MODELS"); env && *env && fs::exists(fs::path(env) / name))
+    path = fs::path(env) / name;
+  ir::Model m = ir::load_model(path.string());
   ir::infer_shapes(m);
   return m;
 }
