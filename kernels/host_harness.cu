@@ -2,6 +2,8 @@
 // (block, thread) of the launch, one after another. The Catch2 tests in tests/cuda/ call these
 // through kernels/ops.h and compare with mpq's CPU kernels and references; this is how the bodies
 // are verified on machines without a GPU. Part of the static library mpq_cuda_host, not the plugin.
+#include <vector>
+
 #include "kernels/bodies/elementwise.cuh"
 #include "kernels/bodies/linalg.cuh"
 #include "kernels/bodies/quant.cuh"
@@ -20,6 +22,17 @@ template <class Body>
 int run(const Body& body, const LaunchCtx& c) {
   return run_on_host_grid(body, c.shape);
 }
+template <class T>
+class Scratch {
+ public:
+  Scratch(size_t n, const LaunchCtx&) : v_(n ? n : 1) {}
+  T* get() { return v_.data(); }
+  int status() const { return 0; }
+
+ private:
+  std::vector<T> v_;
+};
+#include "kernels/chunk_sums.inc"
 }  // namespace
 
 #include "kernels/ops_data.inc"

@@ -174,22 +174,4 @@ struct ConvGradFilterBody {
   }
 };
 
-// The bias gradient of a convolution (or any [N, C, S] tensor's per-channel sum): dB[c] = sum over
-// n and s of dY[n, c, s], in double in a fixed order (no atomics), rounded once.
-struct ChannelGradSumBody {
-  int64_t n, c, s;
-  const float* dy;
-  float* db;
-  MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t ch = t.global(); ch < c; ch += t.stride()) {
-      double acc = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* p = dy + (i * c + ch) * s;
-        for (int64_t j = 0; j < s; ++j) acc += static_cast<double>(p[j]);
-      }
-      db[ch] = static_cast<float>(acc);
-    }
-  }
-};
-
 }  // namespace mpq::cuda

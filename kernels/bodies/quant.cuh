@@ -1,9 +1,10 @@
 #pragma once
 // Quantization bodies: QuantizeLinear / DequantizeLinear (per tensor or per axis), FakeQuant
-// forward, its backward (straight-through estimator for X, LSQ slope for the scale), the
-// per-channel sum that finishes the LSQ scale gradient, and the calibration statistics (min/max in
+// forward, its backward (straight-through estimator for X, LSQ slope for the scale; chunk_sum.cuh
+// adds the slope's terms per channel), and the calibration statistics (min/max in
 // two passes, histogram). The arithmetic is calib/quant_ref.cpp's, step for step, so the results
 // are bit-identical to the reference (true division, ties to even, saturation in double).
+#include "kernels/bodies/chunk_sum.cuh"
 #include "kernels/device_helpers.cuh"
 #include "kernels/hd.h"
 
@@ -93,23 +94,6 @@ struct FakeQuantBackwardBody {
       }
       dx[i] = passes ? dy[i] : 0.0f;
       if (scale_terms) scale_terms[i] = static_cast<double>(dy[i]) * static_cast<double>(slope);
-    }
-  }
-};
-
-// dscale[c] = lsq_factor[c] * sum over (o, i) of terms[o, c, i]; one thread per channel, summing
-// in a fixed order so the result is deterministic (no atomics).
-struct ChannelSumBody {
-  int64_t outer, channels, inner;
-  const double* terms;
-  const double* factor;  // per channel (calib::lsq_grad_scale_ref), may be null: 1
-  float* out;
-  MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t c = t.global(); c < channels; c += t.stride()) {
-      double s = 0.0;
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t i = 0; i < inner; ++i) s += terms[(o * channels + c) * inner + i];
-      out[c] = static_cast<float>(factor ? s * factor[c] : s);
     }
   }
 };

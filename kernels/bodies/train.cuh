@@ -2,9 +2,10 @@
 // Training bodies: the backward of the elementwise unary ops, of (Log)Softmax and of
 // LayerNormalization, BatchNormalization's training forward and backward, the reduction of
 // a broadcast gradient back to an input's shape, GradScaler's unscale with its non-finite check,
-// and the SGD and AdamW parameter updates. One thread per element (per row for softmax, per input
-// element for the reduction), grid-stride loops, no atomics: each output element has exactly one
-// writer, so results do not depend on the launch shape.
+// and the SGD and AdamW parameter updates. One thread per element (per row for softmax), the
+// per-feature and per-column sums chunked (chunk_sum.cuh), grid-stride loops, no atomics: each
+// output element has exactly one writer, so results do not depend on the launch shape.
+#include "kernels/bodies/chunk_sum.cuh"
 #include "kernels/bodies/elementwise.cuh"
 #include "kernels/bodies/shape.cuh"
 
@@ -106,45 +107,50 @@ struct LayerNormGradXBody {
 };
 
 // LayerNormalization's parameter gradients over the normalised shape: dScale[k] = sum over rows of
-// dY xhat, dBias[k] = sum over rows of dY. One thread per column k, rows summed in order in double,
-// so every output has one writer and the result does not depend on the launch. Either output may
-// be null.
-struct LayerNormGradParamsBody {
+// dY xhat, dBias[k] = sum over rows of dY (chunk_sum.cuh over the layout [rows, n, 1], so column k
+// is segment k): this term is dScale's, FloatTerm over dY is dBias's.
+struct LayerNormScaleTerm {
   const float* x;
   const float* mean;
   const float* inv_std;
   const float* dy;
-  float* dgamma;
-  float* dbeta;
-  int64_t rows, n;
-  MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t k = t.global(); k < n; k += t.stride()) {
-      double sg = 0.0, sb = 0.0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float g = dy[r * n + k];
-        sg += static_cast<double>(g) * ((x[r * n + k] - mean[r]) * inv_std[r]);
-        sb += g;
-      }
-      if (dgamma) dgamma[k] = static_cast<float>(sg);
-      if (dbeta) dbeta[k] = static_cast<float>(sb);
-    }
+  int64_t n;
+  MPQ_HD double operator()(int64_t, int64_t flat) const {
+    const int64_t r = flat / n;
+    return static_cast<double>(dy[flat]) * ((x[flat] - mean[r]) * inv_std[r]);
   }
 };
 
 // BatchNormalization over X viewed as [N, F, S] (F features: the channels), as
-// lib/train/grads/norm_grad.cpp. Statistics, one thread per feature: the batch mean and inverse
-// std-dev over the N * S values (summed in order in double; population variance, as the forward
-// normalises by), or in eval the running ones: inv = 1 / sqrt(var + eps). In training, when
+// lib/train/grads/norm_grad.cpp. Statistics: in training the batch mean and inverse std-dev over
+// the N * S values of each feature, from two chunked sums in double (chunk_sum.cuh: the values,
+// then their squared deviations from the mean, SquaredDeviationTerm), population variance as the
+// forward normalises by; in eval the running ones. inv = 1 / sqrt(var + eps). In training, when
 // `update_mean` / `update_var` are given, the running statistics move in place as PyTorch's do
 // (momentum is ONNX's: the weight of the old value): towards the batch mean and the unbiased
 // batch variance, M / (M - 1) times the biased one (the host refuses M <= 1, as the CPU does).
+struct SquaredDeviationTerm {
+  const float* x;
+  const double* sum;  // per feature
+  double count;       // N * S
+  MPQ_HD double operator()(int64_t g, int64_t flat) const {
+    const double m = count > 0 ? sum[g] / count : 0.0;
+    const double d = x[flat] - m;
+    return d * d;
+  }
+};
+
+// One thread per feature: the statistics from the running ones (eval: running_mean not null) or
+// from the two sums (training).
 struct BatchNormStatsBody {
-  const float* x;             // training only
   const float* running_mean;  // eval only (null in training)
   const float* running_var;
+  const double* sum;     // training: per feature, the sum of x
+  const double* sum_sq;  // training: per feature, the sum of (x - mean)^2
   float* mean;
   float* inv_std;
-  int64_t n, f, s;
+  int64_t f;
+  double count;  // N * S
   float epsilon;
   float* update_mean;  // training, optional: running mean, updated in place
   float* update_var;   // with update_mean: running variance, updated in place
@@ -156,22 +162,12 @@ struct BatchNormStatsBody {
         inv_std[c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + epsilon));
         continue;
       }
-      const double m_count = static_cast<double>(n * s);
-      double sum = 0.0;
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t i = 0; i < s; ++i) sum += x[(b * f + c) * s + i];
-      const double m = m_count > 0 ? sum / m_count : 0.0;
-      double sq = 0.0;
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t i = 0; i < s; ++i) {
-          const double d = x[(b * f + c) * s + i] - m;
-          sq += d * d;
-        }
-      const double var = m_count > 0 ? sq / m_count : 0.0;
+      const double m = count > 0 ? sum[c] / count : 0.0;
+      const double var = count > 0 ? sum_sq[c] / count : 0.0;
       mean[c] = static_cast<float>(m);
       inv_std[c] = static_cast<float>(1.0 / sqrt(var + epsilon));
       if (update_mean) {
-        const double unbias = m_count > 1 ? m_count / (m_count - 1) : 1.0;
+        const double unbias = count > 1 ? count / (count - 1) : 1.0;
         update_mean[c] = static_cast<float>(momentum * static_cast<double>(update_mean[c]) + (1.0 - momentum) * m);
         update_var[c] = static_cast<float>(momentum * static_cast<double>(update_var[c]) + (1.0 - momentum) * var * unbias);
       }
@@ -197,31 +193,30 @@ struct BatchNormApplyBody {
   }
 };
 
-// Backward, first pass, one thread per feature: sums[2c] = sum dY, sums[2c + 1] = sum dY (x - mean)
-// over N then S in order in double; dScale = inv * sums[2c + 1] and dB = sums[2c] (either may be
-// null).
-struct BatchNormGradSumsBody {
+// Backward, first pass: per feature, sum dY (FloatTerm) and sum dY (x - mean) (this term), chunked
+// in double (chunk_sum.cuh); then one thread per feature stores sums[2c], sums[2c + 1] and
+// dScale = inv * sums[2c + 1], dB = sums[2c] (either may be null).
+struct CenteredProductTerm {
   const float* x;
   const float* mean;
-  const float* inv_std;
   const float* dy;
+  MPQ_HD double operator()(int64_t g, int64_t flat) const { return static_cast<double>(dy[flat]) * (x[flat] - mean[g]); }
+};
+
+struct BatchNormGradSumsBody {
+  const double* sum_dy;
+  const double* sum_dy_x;
+  const float* inv_std;
   double* sums;
   float* dscale;
   float* dbias;
-  int64_t n, f, s;
+  int64_t f;
   MPQ_HD void operator()(const Thread& t) const {
     for (int64_t c = t.global(); c < f; c += t.stride()) {
-      double sg = 0.0, sgx = 0.0;
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t i = 0; i < s; ++i) {
-          const int64_t k = (b * f + c) * s + i;
-          sg += dy[k];
-          sgx += static_cast<double>(dy[k]) * (x[k] - mean[c]);
-        }
-      sums[2 * c] = sg;
-      sums[2 * c + 1] = sgx;
-      if (dscale) dscale[c] = static_cast<float>(sgx * inv_std[c]);
-      if (dbias) dbias[c] = static_cast<float>(sg);
+      sums[2 * c] = sum_dy[c];
+      sums[2 * c + 1] = sum_dy_x[c];
+      if (dscale) dscale[c] = static_cast<float>(sum_dy_x[c] * inv_std[c]);
+      if (dbias) dbias[c] = static_cast<float>(sum_dy[c]);
     }
   }
 };
@@ -257,49 +252,33 @@ struct BatchNormGradXBody {
   }
 };
 
-// dIn = sum of dY over the dimensions `in` was broadcast along: one thread per element of the
-// input, which walks the output elements that read it (in a fixed order). `bc` describes the
-// forward broadcast with the input as operand a (a_stride 0 along broadcast dimensions); `in_n`
-// is the input's element count and `in_dims` its shape aligned to bc.rank (1 where missing).
-struct SumToShapeBody {
+// dIn = sum of dY over the dimensions `in` was broadcast along, as a chunked sum (chunk_sum.cuh)
+// with one segment per input element e, whose `reduced` values are the output elements that read
+// it, in row-major order (the layout [1, in_n, reduced]: j = flat - e * reduced). `bc` describes the
+// forward broadcast with the input as operand a (a_stride 0 along broadcast dimensions); `in_dims`
+// is the input's shape aligned to bc.rank (1 where missing).
+struct SumToShapeTerm {
   Broadcast2 bc;
   int64_t in_dims[kMaxRank];
   const float* dy;
-  float* din;
-  int64_t in_n;
-  MPQ_HD void operator()(const Thread& t) const {
-    for (int64_t e = t.global(); e < in_n; e += t.stride()) {
-      // Input coordinates of e; the output coordinates that read it vary freely along the
-      // dimensions where the input has extent 1 and the output does not.
-      int64_t coord[kMaxRank];
-      int64_t rem = e;
-      for (int d = bc.rank - 1; d >= 0; --d) {
-        coord[d] = rem % in_dims[d];
+  int64_t reduced;
+  MPQ_HD double operator()(int64_t e, int64_t flat) const {
+    int64_t rj = flat - e * reduced, rem = e, out = 0, stride = 1;
+    // Walk the dimensions from the last: the input's coordinate where it has extent > 1, else the
+    // next digit of j.
+    for (int d = bc.rank - 1; d >= 0; --d) {
+      int64_t coord;
+      if (in_dims[d] == 1) {
+        coord = rj % bc.dims[d];
+        rj /= bc.dims[d];
+      } else {
+        coord = rem % in_dims[d];
         rem /= in_dims[d];
       }
-      int64_t reduced = 1;
-      for (int d = 0; d < bc.rank; ++d)
-        if (in_dims[d] == 1) reduced *= bc.dims[d];
-      double s = 0.0;
-      for (int64_t j = 0; j < reduced; ++j) {
-        int64_t rj = j, out = 0, stride = 1;
-        int64_t oc[kMaxRank];
-        for (int d = bc.rank - 1; d >= 0; --d) {
-          if (in_dims[d] == 1) {
-            oc[d] = rj % bc.dims[d];
-            rj /= bc.dims[d];
-          } else {
-            oc[d] = coord[d];
-          }
-        }
-        for (int d = bc.rank - 1; d >= 0; --d) {
-          out += oc[d] * stride;
-          stride *= bc.dims[d];
-        }
-        s += static_cast<double>(dy[out]);
-      }
-      din[e] = static_cast<float>(s);
+      out += coord * stride;
+      stride *= bc.dims[d];
     }
+    return static_cast<double>(dy[out]);
   }
 };
 

@@ -907,3 +907,40 @@ TEST_CASE("SGD and AdamW bodies take the same steps as the CPU optimizers", "[cu
     }
   }
 }
+
+// The chunked sums (kernels/bodies/chunk_sum.cuh) behind the per-channel reductions: long segments
+// cut into many runs, a per-tensor sum of 300,000 values among them. Each total must be within
+// double rounding of a long double serial sum (rounded to float, as the entry points store it), and
+// bit-identical across launch shapes (the runs depend on the problem's size alone).
+TEST_CASE("chunked per-channel sums match a serial sum and do not depend on the launch", "[cuda][host_bodies][train]") {
+  struct Case {
+    int64_t outer, channels, inner;
+  };
+  for (const Case& k : {Case{1, 1, 300000}, Case{3, 5, 1000}, Case{64, 3, 49}, Case{2, 700, 130}, Case{1, 4, 1}}) {
+    INFO("[" << k.outer << ", " << k.channels << ", " << k.inner << "]");
+    const int64_t n = k.outer * k.channels * k.inner;
+    const Tensor xt = test::random_tensor({n}, 91, -3.0f, 3.0f);
+    const float* x = xt.data<float>();
+    std::vector<double> xd(x, x + n);
+    std::vector<float> want(static_cast<size_t>(k.channels));
+    for (int64_t c = 0; c < k.channels; ++c) {
+      long double s = 0.0L;
+      for (int64_t o = 0; o < k.outer; ++o)
+        for (int64_t i = 0; i < k.inner; ++i) s += x[(o * k.channels + c) * k.inner + i];
+      want[static_cast<size_t>(c)] = static_cast<float>(static_cast<double>(s));
+    }
+    std::vector<float> first;
+    for (const cuda::LaunchCtx& c : {cuda::LaunchCtx{cuda::LaunchShape{1, 1}}, cuda::LaunchCtx{cuda::LaunchShape{3, 7}},
+                                     cuda::LaunchCtx{cuda::launch_shape_for(k.channels, 64)}}) {
+      INFO("launch " << test::launch_str(c));
+      std::vector<float> got_conv = test::nan_filled(static_cast<size_t>(k.channels));
+      std::vector<float> got_quant = test::nan_filled(static_cast<size_t>(k.channels));
+      REQUIRE(cuda::host::channel_grad_sum(k.outer, k.channels, k.inner, x, got_conv.data(), c) == 0);
+      REQUIRE(cuda::host::channel_sum(k.outer, k.channels, k.inner, xd.data(), nullptr, got_quant.data(), c) == 0);
+      CHECK(test::first_mismatch(got_conv.data(), want.data(), k.channels, 1e-6, 1e-6) == -1);
+      CHECK(got_quant == got_conv);
+      if (first.empty()) first = got_conv;
+      CHECK(got_conv == first);
+    }
+  }
+}
