@@ -76,6 +76,9 @@ def main():
             return 1
         res = json.loads(r.stdout)
         losses = res["losses"]
+        check(res.get("step_ms_median", 0) > 0 and res.get("first_step_ms", 0) > 0
+              and res["step_ms_median"] <= 1000.0 * res["seconds"],
+              "--json reports the steady-state step time (step_ms_median, first_step_ms) within the run's seconds")
         q = max(1, len(losses) // 4)
         first, last = sum(losses[:q]) / q, sum(losses[-q:]) / q
         check(last < first, f"distillation loss falls: mean of the first {q} steps {first:.5f}, of the last {q} {last:.5f}")

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -154,6 +155,13 @@ int qat_command(const QatOpts& o) {
     j["resumed_from_step"] = r.start_step;
     j["seconds"] = r.seconds;
     j["seconds_per_epoch"] = r.seconds_per_epoch;
+    // The steady-state step: the median over the steps after the first (which plans the kernels).
+    if (r.step_ms.size() > 1) {
+      std::vector<double> later(r.step_ms.begin() + 1, r.step_ms.end());
+      std::nth_element(later.begin(), later.begin() + static_cast<std::ptrdiff_t>(later.size() / 2), later.end());
+      j["step_ms_median"] = later[later.size() / 2];
+      j["first_step_ms"] = r.step_ms.front();
+    }
     j["first_loss"] = r.first_loss;
     j["final_loss"] = r.final_loss;
     j["losses"] = r.losses;

@@ -1,6 +1,10 @@
 #include "train/autograd.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -13,6 +17,7 @@
 #include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/node_plan.h"
 #include "runtime/cuda/node_runner.h"
+#include "runtime/cuda/status.h"
 #include "runtime/low_precision.h"
 #include "runtime/thread_pool.h"
 #include "train/cuda/backward_runner.h"
@@ -150,8 +155,32 @@ struct DevicePath {
   rt::gpu::FallbackLog own_log;
   rt::gpu::FallbackLog* log = &own_log;
   std::unordered_map<int, Tensor> constants;
+  // MPQ_CUDA_PROFILE=1: every forward and backward step is timed between two stream
+  // synchronisations (which slows the run) and the totals per op type go to stderr at the end.
+  bool profiling = false;
+  std::map<std::string, std::pair<int64_t, double>> profile;
+
+  void sync(const std::string& what) {
+    const int code = runtime->backend.synchronize(runtime->stream);
+    rt::cuda_plan::check_cuda_status(rt::cuda_plan::CudaLibrary::Runtime, code, "cudaStreamSynchronize",
+                                     runtime->backend.error_text(code), "MPQ_CUDA_PROFILE", what);
+  }
+  template <class F>
+  void timed(const std::string& key, F&& f) {
+    if (!profiling) return f();
+    using Clock = std::chrono::steady_clock;
+    sync(key);
+    const auto t0 = Clock::now();
+    f();
+    sync(key);
+    auto& [calls, ms] = profile[key];
+    ++calls;
+    ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
 
   DevicePath(const AutogradOptions& o, rt::ThreadPool& pool) {
+    const char* env = std::getenv("MPQ_CUDA_PROFILE");
+    profiling = env && *env && std::string(env) != "0";
     if ((o.cuda_ops == nullptr) != (o.cuda_memory == nullptr))
       fail_internal("AutogradOptions: cuda_ops and cuda_memory go together");
     if (o.cuda_ops) {
@@ -165,6 +194,19 @@ struct DevicePath {
     runtime->cpu_pool = &pool;
   }
   ~DevicePath() {
+    if (profiling && !profile.empty()) {
+      std::vector<std::pair<double, std::string>> rows;
+      double total = 0.0;
+      for (const auto& [key, v] : profile) {
+        rows.emplace_back(v.second, key);
+        total += v.second;
+      }
+      std::sort(rows.rbegin(), rows.rend());
+      std::fprintf(stderr, "MPQ_CUDA_PROFILE: training engine on the device, %.3f ms in all\n", total);
+      for (const auto& [ms, key] : rows)
+        std::fprintf(stderr, "  %-40s %8lld calls %10.3f ms %6.1f%%\n", key.c_str(), static_cast<long long>(profile[key].first), ms,
+                     total > 0 ? 100.0 * ms / total : 0.0);
+    }
     constants.clear();  // device buffers go back before the allocator and the stream do
     runtime.reset();
   }
@@ -447,7 +489,9 @@ struct Autograd::Impl {
         }
       }
     }
-    for (Step& st : steps) dev ? run_forward_step_device(st) : run_forward_step(st);
+    for (Step& st : steps)
+      if (dev) dev->timed(st.node->op_type, [&] { run_forward_step_device(st); });
+      else run_forward_step(st);
     have_forward = true;
     std::vector<Tensor> out;
     for (int s : output_slots) {
@@ -720,7 +764,10 @@ struct Autograd::Impl {
       bool any = false;
       for (int s : st.outputs)
         if (s >= 0 && grad[static_cast<size_t>(s)].defined()) any = true;
-      if (any) dev ? run_backward_step_device(st, grad) : run_backward_step(st, grad);
+      if (any) {
+        if (dev) dev->timed(st.node->op_type + " (backward)", [&] { run_backward_step_device(st, grad); });
+        else run_backward_step(st, grad);
+      }
       for (int s : st.outputs)
         if (s >= 0) grad[static_cast<size_t>(s)] = Tensor();
       clear_saved(st);

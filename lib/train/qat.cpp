@@ -302,6 +302,11 @@ QatResult qat_finetune(const QatOptions& o) {
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   int64_t bad = 0;
+  // MPQ_CUDA_PROFILE=1 (with --device cuda): where a step's wall time goes, to stderr at the end
+  // (the training engine's per-op table comes from train/autograd.cpp).
+  const char* profile_env = std::getenv("MPQ_CUDA_PROFILE");
+  const bool profiling = o.device == rt::BackendKind::CUDA && profile_env && *profile_env && std::string(profile_env) != "0";
+  double phase_ms[3] = {0.0, 0.0, 0.0};  // batch, teacher, student step (forward, loss, backward, update)
   const auto t0 = Clock::now();
   int64_t samples = 0;
   for (int64_t step = start; step < total_steps; ++step) {
@@ -318,9 +323,12 @@ QatResult qat_finetune(const QatOptions& o) {
     }
     const int64_t lo = pos * batch, hi = std::min(train.rows(), lo + batch);
     const std::vector<int64_t> idx(perm.begin() + lo, perm.begin() + hi);
+    const auto b0 = Clock::now();
     const rt::Feeds feeds = train.batch(idx);
+    const auto b1 = Clock::now();
     std::vector<Tensor> teacher_out;
     if (distill) teacher_out = teacher.run(feeds);
+    const auto b2 = Clock::now();
     const Tensor labels = ce ? train.labels(idx) : Tensor();
     auto loss_fn = [&](const std::vector<Tensor>& outs) {
       LossOutput l;
@@ -341,6 +349,13 @@ QatResult qat_finetune(const QatOptions& o) {
     // SGD's momentum without effect, and the group has no weight decay).
     if (o.freeze_ranges_after >= 0 && step >= o.freeze_ranges_after) opt->set_lr_scale("scales", 0.0);
     const StepResult r = trainer.step(feeds, loss_fn);
+    const auto b3 = Clock::now();
+    res.step_ms.push_back(std::chrono::duration<double, std::milli>(b3 - b0).count());
+    if (profiling) {
+      phase_ms[0] += std::chrono::duration<double, std::milli>(b1 - b0).count();
+      phase_ms[1] += std::chrono::duration<double, std::milli>(b2 - b1).count();
+      phase_ms[2] += std::chrono::duration<double, std::milli>(b3 - b2).count();
+    }
     samples += hi - lo;
     if (step == 0) res.first_loss = r.loss;
     res.final_loss = r.loss;
@@ -382,6 +397,11 @@ QatResult qat_finetune(const QatOptions& o) {
     }
   }
   res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (profiling && total_steps > start) {
+    const double n = static_cast<double>(total_steps - start);
+    std::fprintf(stderr, "MPQ_CUDA_PROFILE: per step %.3f ms: batch %.3f, teacher %.3f, student step %.3f ms\n",
+                 1000.0 * res.seconds / n, phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n);
+  }
   res.steps_done = total_steps;
   const int64_t trained = total_steps - start;
   res.seconds_per_epoch = trained > 0 ? res.seconds * static_cast<double>(steps_per_epoch) / static_cast<double>(trained) : 0.0;

@@ -86,6 +86,7 @@ struct QatResult {
   double seconds = 0.0, seconds_per_epoch = 0.0;
   double first_loss = 0.0, final_loss = 0.0;
   std::vector<double> losses;  // every step of this run (from start_step on)
+  std::vector<double> step_ms; // each step's wall time (batch, teacher, student step), likewise
   int64_t skipped_steps = 0;
   double final_loss_scale = 1.0;
   passes::QdqReport report;
