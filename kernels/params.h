@@ -16,6 +16,9 @@ struct LaunchShape {
   int64_t blocks = 1, threads = 1;
 };
 
+// Softmax rows of at least this many values take the chunked path (kernels/bodies/reduce.cuh).
+constexpr int64_t kSoftmaxChunkedFrom = 1024;
+
 // Enough blocks to cover n work items, capped (a grid-stride loop covers the rest; the host tests
 // use small caps so that every body's stride loop is exercised).
 inline LaunchShape launch_shape_for(int64_t n, int64_t threads = 256, int64_t max_blocks = 4096) {

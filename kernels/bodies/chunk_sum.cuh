@@ -30,21 +30,24 @@ MPQ_HD inline int64_t sum_chunks(int64_t segments, int64_t m) {
   return k < 1 ? 1 : k;
 }
 
+// take_max: the largest value instead of the sum (-inf for an empty run; Softmax's row maximum).
 template <class Term>
 struct ChunkPartialBody {
   Term term;
   int64_t outer, segments, inner, chunks;
   double* partials;  // [segments, chunks]
+  bool take_max = false;
   MPQ_HD void operator()(const Thread& t) const {
     const int64_t m = outer * inner, len = (m + chunks - 1) / chunks;
     for (int64_t idx = t.global(); idx < segments * chunks; idx += t.stride()) {
       const int64_t g = idx / chunks, k = idx % chunks;
       const int64_t lo = k * len, hi = lo + len < m ? lo + len : m;
-      double s = 0.0;
+      double s = take_max ? -__builtin_huge_val() : 0.0;
       if (lo < hi) {
         int64_t o = lo / inner, i = lo % inner;
         for (int64_t j = lo; j < hi; ++j) {
-          s += term(g, (o * segments + g) * inner + i);
+          const double v = term(g, (o * segments + g) * inner + i);
+          s = take_max ? (v > s ? v : s) : s + v;
           if (++i == inner) {
             i = 0;
             ++o;
@@ -56,15 +59,19 @@ struct ChunkPartialBody {
   }
 };
 
-// totals[g] = the sum of segment g's partials, in order.
+// totals[g] = the sum of segment g's partials, in order (or their largest, with take_max).
 struct ChunkTotalBody {
   const double* partials;
   int64_t segments, chunks;
   double* totals;
+  bool take_max = false;
   MPQ_HD void operator()(const Thread& t) const {
     for (int64_t g = t.global(); g < segments; g += t.stride()) {
-      double s = 0.0;
-      for (int64_t k = 0; k < chunks; ++k) s += partials[g * chunks + k];
+      double s = take_max ? -__builtin_huge_val() : 0.0;
+      for (int64_t k = 0; k < chunks; ++k) {
+        const double v = partials[g * chunks + k];
+        s = take_max ? (v > s ? v : s) : s + v;
+      }
       totals[g] = s;
     }
   }

@@ -2,8 +2,9 @@
 // Reductions over one axis, softmax and layer normalization. The input is viewed as
 // [outer, n, inner] (n the reduced/normalized axis); one thread owns one (outer, inner) column and
 // walks its n values, accumulating in double so the result does not depend on how work is split.
-// (A block-per-row version with warp shuffles would be faster for large n; not written yet, see
-// docs/gpu.md.)
+// Long softmax rows are the exception: chunked (SoftmaxApplyBody). (A block-per-row version with
+// warp shuffles would be faster still; not written yet, see docs/gpu.md.)
+#include "kernels/bodies/chunk_sum.cuh"
 #include "kernels/hd.h"
 
 namespace mpq::cuda {
@@ -54,6 +55,47 @@ struct SoftmaxBody {
         const double v = static_cast<double>(x[off + k * inner]) - m;
         y[off + k * inner] = static_cast<float>(log ? v - ls : exp(v) / s);
       }
+    }
+  }
+};
+
+// Softmax for long rows (n >= kSoftmaxChunkedFrom): the row maximum and the sum of exponentials
+// as chunked reductions (chunk_sum.cuh, rows as segments of the virtual layout [1, rows, n]), then
+// one thread per element. The same arithmetic as SoftmaxBody (double exponentials of x - max, the
+// sum in double), with the sum added in chunks: on a GPU one thread per row left a 256 x 4096
+// softmax ten times slower than the CPU (bench_cuda_kernels on the H100).
+// Element k of row r (r = o * inner + i) of [outer, n, inner].
+MPQ_HD inline int64_t softmax_index(int64_t r, int64_t k, int64_t n, int64_t inner) {
+  return ((r / inner) * n + k) * inner + r % inner;
+}
+struct SoftmaxValueTerm {
+  const float* x;
+  int64_t n, inner;
+  MPQ_HD double operator()(int64_t r, int64_t flat) const { return x[softmax_index(r, flat - r * n, n, inner)]; }
+};
+struct SoftmaxExpTerm {
+  const float* x;
+  const double* row_max;
+  int64_t n, inner;
+  MPQ_HD double operator()(int64_t r, int64_t flat) const {
+    // The maximum is a float value: rounding it to float, as SoftmaxBody's running maximum is, is exact.
+    return exp(static_cast<double>(x[softmax_index(r, flat - r * n, n, inner)]) - static_cast<float>(row_max[r]));
+  }
+};
+struct SoftmaxApplyBody {
+  bool log;
+  const float* x;
+  const double* row_max;
+  const double* row_sum;
+  float* y;
+  int64_t outer, n, inner;
+  MPQ_HD void operator()(const Thread& t) const {
+    const int64_t total = outer * n * inner;
+    for (int64_t e = t.global(); e < total; e += t.stride()) {
+      const int64_t r = (e / (n * inner)) * inner + e % inner;
+      const double s = row_sum[r];
+      const double v = static_cast<double>(x[e]) - static_cast<float>(row_max[r]);
+      y[e] = static_cast<float>(log ? v - ::log(s) : exp(v) / s);
     }
   }
 };

@@ -78,6 +78,11 @@ TEST_CASE("GPU elementwise, reduction and softmax launchers match the host harne
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::reduce(cuda::ReduceOp::Mean, a, y, 3, 7, 5, c); });
   close_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::softmax(false, a, y, 3, 7, 5, c); },
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::softmax(false, a, y, 3, 7, 5, c); });
+  // Long rows: the chunked softmax (written after the second H100 run; not yet run on a GPU).
+  const std::vector<float> xl = rnd(2 * 1100 * 3, 5, -8, 8);
+  for (bool log : {false, true})
+    close_on_both(xl, xl.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::softmax(log, a, y, 2, 1100, 3, c); },
+                  [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::softmax(log, a, y, 2, 1100, 3, c); });
   const std::vector<float> g = rnd(5, 3), be = rnd(5, 4);
   DeviceBuf<float> dg(g), dbe(be);
   same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::layer_norm(a, g.data(), be.data(), y, nullptr, nullptr, 21, 5, 1e-5f, c); },

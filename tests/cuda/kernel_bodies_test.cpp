@@ -187,6 +187,27 @@ TEST_CASE("softmax bodies match Softmax and LogSoftmax (opset 13) on every axis"
     }
 }
 
+// Rows of kSoftmaxChunkedFrom values or more take the chunked path (row maximum and sum as chunked
+// reductions, then one thread per element): rows along the last axis, a middle axis and the
+// first, a large value in one row, and a NaN in another (its row comes out NaN, as on the CPU).
+TEST_CASE("softmax on long rows (chunked) matches Softmax and LogSoftmax", "[cuda][host_bodies]") {
+  for (const Shape& shape : {Shape{3, 1500}, Shape{2, 1030, 3}, Shape{4096, 2}}) {
+    Tensor x = test::random_tensor(shape, 32, -8, 8);
+    x.data<float>()[7] = 85.0f;
+    x.data<float>()[x.numel() - 2] = std::numeric_limits<float>::quiet_NaN();
+    const int64_t axis = shape.size() == 3 ? 1 : (shape[0] == 4096 ? 0 : 1);
+    const plan::AxisView v = plan::axis_view(shape, axis);
+    REQUIRE(v.n >= cuda::kSoftmaxChunkedFrom);
+    for (const char* op : {"Softmax", "LogSoftmax"}) {
+      INFO(op << " " << shape_str(shape) << " axis " << axis);
+      const Tensor want = test::run_node(op, {x}, {ir::Attribute::make_int("axis", axis)}, 1, 13, 2).at(0);
+      test::check_every_launch(want, 2e-6, 1e-7, [&](float* y, const cuda::LaunchCtx& c) {
+        return cuda::host::softmax(std::string(op) == "LogSoftmax", x.data<float>(), y, v.outer, v.n, v.inner, c);
+      });
+    }
+  }
+}
+
 TEST_CASE("layer norm body matches LayerNormalization (Y, Mean, InvStdDev)", "[cuda][host_bodies]") {
   const Tensor x = test::random_tensor({3, 5, 13}, 41, -2, 4);
   const Tensor gamma = test::random_tensor({13}, 42, 0.5f, 1.5f);
