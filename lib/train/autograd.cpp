@@ -613,7 +613,9 @@ struct Autograd::Impl {
     }
     // A node with FP16/BF16 inputs computes in FP32 on the device: its inputs widened here, its
     // float outputs rounded back to `low` below (runtime/low_precision.h's rule on the CPU).
-    const DType low = gpu::first_low_type(ins);
+    // Cast converts between the float types itself (LaunchKind::Cast).
+    const bool is_cast = n.domain.empty() && n.op_type == "Cast";
+    const DType low = is_cast ? DType::Undefined : gpu::first_low_type(ins);
     std::vector<Tensor> wide = ins;
     if (low != DType::Undefined)
       for (Tensor& t : wide) t = dev->widen(t, n.name, "mixed precision");

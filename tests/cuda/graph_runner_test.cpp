@@ -35,6 +35,11 @@ TEST_CASE("test models run through the CUDA graph runner on the host kernel tabl
   test::run_model_cases(mpq::cuda::host_ops_table(), mem);
 }
 
+TEST_CASE("FP16 and BF16 models run through the CUDA graph runner on the host kernel table", "[cuda][host_bodies][runner]") {
+  test::HostMemory mem;
+  test::run_low_precision_model_cases(mpq::cuda::host_ops_table(), mem, 5e-4);
+}
+
 TEST_CASE("nodes whose library call declines (NOT_SUPPORTED) run on the CPU instead", "[cuda][host_bodies][runner]") {
   // A table whose cuBLASLt and cuDNN entries decline everything, as they do for problems without
   // an algorithm in a type the direct bodies do not take.

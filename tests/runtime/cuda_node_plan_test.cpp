@@ -143,6 +143,13 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
   CHECK(ct.conv.y_shape == std::vector<int64_t>{2, 6, 4, 5});  // the convolution maps Y's shape onto X's
   CHECK(ct.has_bias);
   CHECK_THROWS_AS(plan("ConvTranspose", {f({1, 4, 5, 5}), f({3, 2, 3, 3})}, {}, 13), Error);  // W[0] != X's channels
+  // Cast between the float types (FP16 / BF16 inputs included, which no other plan takes).
+  const int fp16 = static_cast<int>(DType::Float16), bf16 = static_cast<int>(DType::BFloat16);
+  check_planned("Cast", {f({2, 3})}, {A::make_int("to", fp16)}, 13, LaunchKind::Cast);
+  const NodeLaunch cast = plan("Cast", {f({2, 3}).cast_to(DType::Float16)}, {A::make_int("to", bf16)}, 13);
+  CHECK(cast.kind == LaunchKind::Cast);
+  CHECK(cast.cast_to == DType::BFloat16);
+  CHECK(cast.out_shape == Shape{2, 3});
 }
 
 TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") {
@@ -170,6 +177,11 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
             .find("2-D") != std::string::npos);
   CHECK(reason(plan("Add", {f(Shape(9, 1)), f({1})}, {}, 13)) == "rank above 8");
   CHECK(reason(plan("Relu", {f({2})}, {}, 13, "com.microsoft")).find("domain") != std::string::npos);
+  CHECK(reason(plan("Cast", {i64({2}, {1, 2})}, {ir::Attribute::make_int("to", static_cast<int>(DType::Float32))}, 13))
+            .find("between FP32, FP16 and BF16") != std::string::npos);
+  CHECK(reason(plan("Cast", {f({2})}, {ir::Attribute::make_int("to", static_cast<int>(DType::Int64))}, 13))
+            .find("between FP32, FP16 and BF16") != std::string::npos);
+  CHECK(reason(plan("Relu", {f({2}).cast_to(DType::Float16)}, {}, 13)) == "input type float16");
   CHECK(std::string(launch_kind_name(LaunchKind::Fallback)) == "cpu-fallback");
   // Shape-only ops the CPU kernel must see: a shape computed at run time, or one it rejects (its
   // message names the problem; the planner does not guess).

@@ -5,7 +5,9 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "runtime/cuda/device_convert.h"
 #include "runtime/cuda/device_tensor.h"
+#include "runtime/low_precision.h"
 #include "runtime/node_eval.h"
 
 namespace mpq::rt::gpu {
@@ -14,9 +16,12 @@ namespace {
 
 // Small integer tensors (shapes, axes, indices) are also kept on the host as they are made, so
 // that the planner can read them (a Reshape whose shape is computed at run time runs on the GPU)
-// and the CPU kernels of shape arithmetic need no copy back and no synchronization.
+// and the CPU kernels of shape arithmetic need no copy back and no synchronization. Small float
+// tensors made on the host too: a Constant node's Resize scales (as `mpq convert` leaves them).
 bool keep_host_mirror(const Tensor& t) {
-  return t.defined() && (t.dtype() == DType::Int64 || t.dtype() == DType::Int32) && t.numel() <= 64;
+  if (!t.defined() || t.numel() > 64) return false;
+  const DType d = t.dtype();
+  return d == DType::Int64 || d == DType::Int32 || d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
 }
 
 // The node's CPU kernel on host copies of its inputs (or their host data, `on_host`); outputs copied back
@@ -169,11 +174,34 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       outs.push_back(to_device(meta, rt.alloc, rt.backend, rt.stream, node.name, node.op_type));
       host_outs.push_back(std::move(meta));
     } else {
-      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, dtypes, on_host);
+      // FP16/BF16 values: the node computes in FP32 on the device, as runtime/low_precision.h's
+      // rule does on the CPU: its low-precision inputs widened (host-known constants too, for the
+      // planner), its float outputs rounded back to the first such input's type. Cast converts
+      // itself. A CPU fallback gets the original inputs (the CPU executor applies the same rule).
+      const bool is_cast = node.domain.empty() && node.op_type == "Cast";
+      const DType low = is_cast ? DType::Undefined : first_low_type(inputs);
+      std::vector<Tensor> wide = inputs, wide_host(on_host.size());
+      std::vector<const Tensor*> wide_on_host = on_host;
+      std::vector<DType> wide_dtypes = dtypes;
+      if (low != DType::Undefined)
+        for (size_t i = 0; i < wide.size(); ++i) {
+          const DType t = dtypes[i];
+          if (t != DType::Float16 && t != DType::BFloat16) continue;
+          wide[i] = widen_on_device(rt, inputs[i], node.name, "mixed precision");
+          wide_dtypes[i] = DType::Float32;
+          if (on_host[i]) {
+            wide_host[i] = widen_to_float32(*on_host[i]);
+            wide_on_host[i] = &wide_host[i];
+          }
+        }
+      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, wide_dtypes, wide_on_host);
       on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
       if (on_device) {
         try {
-          outs = run_planned_node(plan, node, inputs, rt);
+          outs = run_planned_node(plan, node, wide, rt);
+          if (low != DType::Undefined)
+            for (Tensor& t : outs)
+              if (t.defined() && t.dtype() == DType::Float32) t = convert_on_device(rt, t, low, node.name, "mixed precision");
         } catch (const Error& e) {
           // A library that declines this problem (NOT_SUPPORTED): the CPU kernel takes it.
           if (e.kind() != ErrorKind::Unsupported) throw;

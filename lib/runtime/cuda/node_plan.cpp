@@ -28,6 +28,7 @@ const char* launch_kind_name(LaunchKind k) {
     case LaunchKind::Gemm: return "cublaslt-gemm";
     case LaunchKind::Conv: return "cudnn-conv";
     case LaunchKind::ConvTranspose: return "cudnn-conv-transpose";
+    case LaunchKind::Cast: return "cast";
   }
   return "?";
 }
@@ -119,6 +120,18 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
   const bool mpq_domain = node.domain == "mpq";
   if (!node.domain.empty() && !mpq_domain) return fallback("domain '" + node.domain + "'");
   if (shapes.empty()) return fallback("no inputs");
+  if (op == "Cast" && !mpq_domain) {
+    auto is_float = [](DType t) { return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16; };
+    const ir::Attribute* to = node.attr("to");
+    if (!to || to->type != ir::AttrType::Int) return fallback("Cast without an integer 'to'");
+    const DType target = static_cast<DType>(to->i);
+    if (!is_float(dtypes[0]) || !is_float(target)) return fallback("Cast other than between FP32, FP16 and BF16");
+    NodeLaunch c;
+    c.kind = LaunchKind::Cast;
+    c.cast_to = target;
+    c.out_shape = shapes[0];
+    return c;
+  }
   // The bodies are FP32 (Q/DQ also read or write 8-bit integers).
   const bool q_in = op == "DequantizeLinear";
   if (!q_in && dtypes[0] != DType::Float32) return fallback(std::string("input type ") + dtype_name(dtypes[0]));

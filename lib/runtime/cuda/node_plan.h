@@ -36,6 +36,8 @@ enum class LaunchKind {
   // ConvTranspose: cuDNN's backward-data of the convolution `conv` plans, which maps the
   // ConvTranspose's output shape to its input shape with the same weights.
   ConvTranspose,
+  // Cast between FP32, FP16 and BF16 (runtime/cuda/device_convert.h); `cast_to` is the target.
+  Cast,
 };
 const char* launch_kind_name(LaunchKind k);
 
@@ -65,8 +67,12 @@ struct NodeLaunch {
   // Add body: output (a) + bias (b).
   bool has_bias = false;
   cuda::Broadcast2 bias;
+  DType cast_to = DType::Undefined;
 };
 
+// The bodies and library plans are FP32: a graph runner gives a node with FP16/BF16 inputs its
+// inputs widened and rounds its float outputs back (runtime/low_precision.h's rule), so only Cast
+// sees the low types here.
 // `inputs`: the node's input tensors where known at planning time (constant initializers such as
 // Resize scales, Slice starts, Reshape shapes; null otherwise), `shapes` / `dtypes` for every input
 // (omitted optional inputs: empty shape and DType::Undefined). `opset`: the node's domain version.

@@ -1,6 +1,7 @@
 #include "runtime/cuda/node_runner.h"
 
 #include "core/error.h"
+#include "runtime/cuda/device_convert.h"
 #include "runtime/cuda/device_tensor.h"
 #include "runtime/cuda/status.h"
 
@@ -221,6 +222,18 @@ struct Runner {
           add_bias(y, 2);
         }
         return {y};
+      }
+      case LaunchKind::Cast: {
+        // A Cast to its own type still writes a new tensor (FP32: the Identity body; FP16/BF16:
+        // through FP32, exact both ways).
+        const Tensor& x = input(0);
+        if (x.dtype() == DType::Float32 && l.cast_to == DType::Float32) {
+          Tensor y = out(DType::Float32, l.out_shape);
+          check(ops.unary(cuda::UnaryOp::Identity, 0, 0, fp(x), fp(y), y.numel(), ctx(y.numel())), "cast copy kernel launch");
+          return {y};
+        }
+        const Tensor wide = x.dtype() == l.cast_to ? convert_on_device(rt, x, DType::Float32, node.name, "Cast") : x;
+        return {convert_on_device(rt, wide, l.cast_to, node.name, "Cast")};
       }
       case LaunchKind::Fallback: break;
     }

@@ -1,28 +1,28 @@
-#include "train/cuda/device_amp.h"
+#include "runtime/cuda/device_convert.h"
 
 #include "core/error.h"
 #include "runtime/cuda/status.h"
 
-namespace mpq::train::gpu {
+namespace mpq::rt::gpu {
 
 namespace {
 
 bool is_low(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 
-Tensor convert_step(rt::gpu::KernelRuntime& rt, const Tensor& t, DType to, cuda::FloatConvert kind, const std::string& name,
+Tensor convert_step(KernelRuntime& rt, const Tensor& t, DType to, cuda::FloatConvert kind, const std::string& name,
                     const char* what) {
-  Tensor out = rt::gpu::device_empty(rt.alloc, to, t.shape(), rt.stream, name, what);
+  Tensor out = device_empty(rt.alloc, to, t.shape(), rt.stream, name, what);
   const int64_t n = t.numel();
   if (n == 0) return out;
   const int code = rt.ops.convert_float(kind, t.raw_data(), out.raw_data(), n,
                                         cuda::LaunchCtx{cuda::launch_shape_for(n, 256), rt.stream});
-  rt::cuda_plan::check_cuda_status(rt::cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), name, what);
+  cuda_plan::check_cuda_status(cuda_plan::CudaLibrary::Runtime, code, what, rt.backend.error_text(code), name, what);
   return out;
 }
 
 }  // namespace
 
-Tensor convert_on_device(rt::gpu::KernelRuntime& rt, const Tensor& t, DType to, const std::string& name, const char* what) {
+Tensor convert_on_device(KernelRuntime& rt, const Tensor& t, DType to, const std::string& name, const char* what) {
   if (!t.defined() || t.dtype() == to) return t;
   const DType from = t.dtype();
   if (from != DType::Float32 && !is_low(from)) return t;
@@ -35,7 +35,7 @@ Tensor convert_on_device(rt::gpu::KernelRuntime& rt, const Tensor& t, DType to, 
                       from == DType::Float16 ? cuda::FloatConvert::F16ToF32 : cuda::FloatConvert::BF16ToF32, name, what);
 }
 
-Tensor widen_on_device(rt::gpu::KernelRuntime& rt, const Tensor& t, const std::string& name, const char* what) {
+Tensor widen_on_device(KernelRuntime& rt, const Tensor& t, const std::string& name, const char* what) {
   return t.defined() && is_low(t.dtype()) ? convert_on_device(rt, t, DType::Float32, name, what) : t;
 }
 
@@ -45,4 +45,4 @@ DType first_low_type(const std::vector<Tensor>& ts) {
   return DType::Undefined;
 }
 
-}  // namespace mpq::train::gpu
+}  // namespace mpq::rt::gpu
