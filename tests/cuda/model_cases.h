@@ -43,25 +43,34 @@ inline rt::Feeds random_feeds(const ir::Model& m) {
   return feeds;
 }
 
+// One run of `m` (seeded random feeds) through the graph runner against the CPU executor: outputs
+// of the same shapes and types, the float ones within `tolerance` (relative L2), and every device
+// buffer back with the allocator afterwards.
+inline void check_run_against_cpu(const ir::Model& m, const cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem,
+                                  double tolerance, rt::gpu::FallbackLog& log, rt::gpu::GraphRunStats& stats) {
+  const rt::Feeds feeds = random_feeds(m);
+  rt::Executor cpu(m);
+  const std::vector<Tensor> want = cpu.run(feeds);
+  rt::gpu::CachingAllocator alloc(mem);
+  rt::gpu::KernelRuntime krt{table, alloc, mem, nullptr};
+  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("output " << i);
+    REQUIRE(got[i].shape() == want[i].shape());
+    REQUIRE(got[i].dtype() == want[i].dtype());
+    if (want[i].dtype() == DType::Float32) CHECK(test::rel_l2(got[i], want[i]) < tolerance);
+  }
+  CHECK(alloc.stats().in_use == 0);  // every device tensor was released
+}
 
 inline void run_model_cases(const cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem) {
   for (const std::string& name : runner_models()) {
     INFO(name);
     const ir::Model m = ir::load_model(models_dir() / (name + ".onnx"));
-    const rt::Feeds feeds = random_feeds(m);
-    rt::Executor cpu(m);
-    const std::vector<Tensor> want = cpu.run(feeds);
-    rt::gpu::CachingAllocator alloc(mem);
-    rt::gpu::KernelRuntime krt{table, alloc, mem, nullptr};
     rt::gpu::FallbackLog log;
     rt::gpu::GraphRunStats stats;
-    const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      INFO("output " << i);
-      REQUIRE(got[i].shape() == want[i].shape());
-      if (want[i].dtype() == DType::Float32) CHECK(test::rel_l2(got[i], want[i]) < 1e-5);
-    }
+    check_run_against_cpu(m, table, mem, 1e-5, log, stats);
     int device_nodes = 0;
     std::string device_ops, cpu_ops;
     for (const auto& [op, n] : stats.on_device) {
@@ -77,7 +86,6 @@ inline void run_model_cases(const cuda::OpsTable& table, rt::gpu::DeviceMemoryBa
       CHECK(stats.on_cpu.count(heavy) == 0);
     }
     CHECK(log.ops().size() == stats.on_cpu.size());
-    CHECK(alloc.stats().in_use == 0);  // every device tensor was released
   }
 }
 
@@ -101,21 +109,9 @@ inline void run_low_precision_model_cases(const cuda::OpsTable& table, rt::gpu::
     o.low = c.low;
     const passes::ConvertReport report = passes::convert_precision(m, o);
     REQUIRE(report.nodes_low > 0);
-    const rt::Feeds feeds = random_feeds(m);
-    rt::Executor cpu(m);
-    const std::vector<Tensor> want = cpu.run(feeds);
-    rt::gpu::CachingAllocator alloc(mem);
-    rt::gpu::KernelRuntime krt{table, alloc, mem, nullptr};
     rt::gpu::FallbackLog log;
     rt::gpu::GraphRunStats stats;
-    const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      INFO("output " << i);
-      REQUIRE(got[i].shape() == want[i].shape());
-      REQUIRE(got[i].dtype() == want[i].dtype());
-      if (want[i].dtype() == DType::Float32) CHECK(test::rel_l2(got[i], want[i]) < tolerance);
-    }
+    check_run_against_cpu(m, table, mem, tolerance, log, stats);
     std::string cpu_ops;
     for (const auto& [op, n] : stats.on_cpu) cpu_ops += op + ":" + std::to_string(n) + " ";
     INFO("CPU fallback: " << cpu_ops);
@@ -124,7 +120,6 @@ inline void run_low_precision_model_cases(const cuda::OpsTable& table, rt::gpu::
       CHECK(stats.on_cpu.count(op) == 0);
     }
     CHECK(stats.on_device.count("Cast") > 0);  // at least the boundary Casts
-    CHECK(alloc.stats().in_use == 0);
   }
 }
 
