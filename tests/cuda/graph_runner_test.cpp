@@ -10,22 +10,13 @@ using namespace mpq;
 
 namespace {
 
-// One run of a shipped test model through the graph runner with `table` and `mem`: the first
-// output must match the CPU executor's, and no device memory may stay in use. Returns the number
-// of outputs.
+// One run of a shipped test model through the graph runner with `table` and `mem` against the CPU
+// executor (model_cases.h). Returns the number of outputs.
 size_t run_model_against_cpu(const char* file, const mpq::cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem,
                              rt::gpu::FallbackLog& log, rt::gpu::GraphRunStats& stats) {
   const ir::Model m = ir::load_model(test::models_dir() / file);
-  const rt::Feeds feeds = test::random_feeds(m);
-  rt::Executor cpu(m);
-  const std::vector<Tensor> want = cpu.run(feeds);
-  rt::gpu::CachingAllocator alloc(mem);
-  rt::gpu::KernelRuntime krt{table, alloc, mem, nullptr};
-  const std::vector<Tensor> got = rt::gpu::run_graph(m, feeds, krt, log, &stats);
-  REQUIRE(got.size() == want.size());
-  CHECK(test::rel_l2(got[0], want[0]) < 1e-5);
-  CHECK(alloc.stats().in_use == 0);
-  return got.size();
+  test::check_run_against_cpu(m, table, mem, 1e-5, log, stats);
+  return m.graph->outputs().size();
 }
 
 }  // namespace
