@@ -14,7 +14,7 @@ namespace mpq::cli {
 
 // --help text of every command's --device option (one wording; runtime/devices.cpp decides).
 inline constexpr const char* kDeviceHelp =
-    "cpu, cuda (the CUDA path, see docs/gpu.md) or auto (the CPU for now: the CUDA path has no FP16/BF16 kernels yet)";
+    "cpu, cuda (the CUDA path, see docs/gpu.md) or auto (cuda when a GPU is usable, else cpu)";
 
 // Returns the process exit code.
 using Action = std::function<int()>;

@@ -246,7 +246,7 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
   sub.add_option("--amp", o->amp, "mixed precision: off (default), fp16 (with dynamic loss scaling) or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   sub.add_option("--device", o->device,
-                 "cpu (default), auto (the CPU) or cuda (the student's forward and backward and the teacher on the GPU, "
+                 "cpu (default), auto (cuda when a GPU is usable, else cpu) or cuda (the student's forward and backward and the teacher on the GPU, "
                  "with the optimizer update; FP32 models, --amp as on the CPU; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");

@@ -39,13 +39,11 @@ bool cuda_available() {
 
 BackendKind resolve_device(const std::string& flag) {
   if (flag == "cpu") return BackendKind::CPU;
-  // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h). It passed
-  // scripts/gpu_check.sh on an H100 (docs/gpu.md), but `auto` stays on the CPU: the path has no
-  // FP16/BF16 kernels yet (an FP16 model computes in FP32 on the device with conversions around
-  // each node; before that it ran node by node on the CPU, up to 200x slower than PyTorch at
-  // batch 64; the conversions are not yet timed on a GPU), and `auto` does not look at the model.
-  constexpr bool kAutoPicksCuda = false;
-  if (flag == "auto") return kAutoPicksCuda && cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
+  // `cuda` runs the executor's CUDA path (runtime/cuda/graph_runner.h); it passed
+  // scripts/gpu_check.sh on an H100 twice (docs/gpu.md). `auto` picks it whenever a device (or the
+  // host emulation) is usable, else the CPU. FP16/BF16 models run there too, each node in FP32
+  // with conversions around it (no FP16 kernels yet).
+  if (flag == "auto") return cuda_available() ? BackendKind::CUDA : BackendKind::CPU;
   if (flag == "cuda") {
     if (!cuda_available()) fail_input("--device cuda: CUDA is not usable here: {}", query_devices().cuda_unavailable_reason);
     return BackendKind::CUDA;

@@ -76,3 +76,19 @@ TEST_CASE("calibrate and validate through the CUDA path agree with the CPU", "[c
   CHECK(report[1]["per_layer"]["first_jump"]["name"] == report[0]["per_layer"]["first_jump"]["name"]);
   CHECK(report[1]["per_layer"]["compared"] == report[0]["per_layer"]["compared"]);
 }
+
+// `--device auto` takes the CUDA path when it is usable (here: the host emulation) and the CPU
+// otherwise; the run line names the device.
+TEST_CASE("--device auto picks CUDA when usable, the CPU otherwise", "[cuda][cli][host_bodies]") {
+  {
+    auto r = test::run_mpq({"run", model().string(), "--data", data().string(), "--device", "auto"});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find("(cpu,") != std::string::npos);
+  }
+  EmulateCuda emulate;
+  auto r = test::run_mpq({"run", model().string(), "--data", data().string(), "--device", "auto"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("(cuda,") != std::string::npos);
+}
