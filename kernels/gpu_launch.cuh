@@ -14,14 +14,21 @@ int run(const Body& body, const LaunchCtx& c) {
   return run_on_device_grid(body, c.shape, c.stream);
 }
 
-// A temporary buffer for an entry point's intermediate results, from the stream-ordered allocator:
-// freed on the stream after the launches queued before the free, so no synchronisation is needed.
+// A temporary buffer for an entry point's intermediate results (a few partial sums per segment),
+// from CUDA's stream-ordered allocator: freed on the stream after the launches queued before the
+// free, so no synchronisation is needed. It is not mpq's caching allocator (the kernel table has
+// no handle to it): these buffers are small and short-lived, and the driver's pool reuses them.
+// A failed allocation is returned as the entry point's status, and cleared from CUDA's last error
+// so that the next launch does not report it again.
 template <class T>
 class Scratch {
  public:
   Scratch(size_t n, const LaunchCtx& c) : stream_(static_cast<cudaStream_t>(c.stream)) {
     status_ = static_cast<int>(cudaMallocAsync(reinterpret_cast<void**>(&p_), (n ? n : 1) * sizeof(T), stream_));
-    if (status_ != 0) p_ = nullptr;
+    if (status_ != 0) {
+      p_ = nullptr;
+      (void)cudaGetLastError();
+    }
   }
   ~Scratch() {
     if (p_) cudaFreeAsync(p_, stream_);

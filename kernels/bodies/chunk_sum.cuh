@@ -19,8 +19,9 @@
 
 namespace mpq::cuda {
 
-// Runs per segment: about 256 values each, at most 1024 (pass 2's serial part) and at most about
-// 64K partial sums in all; at least one.
+// Runs per segment: enough for about 256 values each, but at most 1024 (pass 2's serial part) and
+// at most 65536 / segments (so about 64K partial sums in all, unless there are more segments than
+// that: then one run each); at least one. The caps make runs longer than 256 values.
 MPQ_HD inline int64_t sum_chunks(int64_t segments, int64_t m) {
   int64_t k = (m + 255) / 256;
   int64_t cap = 65536 / (segments > 0 ? segments : 1);

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <utility>
@@ -306,7 +308,7 @@ QatResult qat_finetune(const QatOptions& o) {
   // (the training engine's per-op table comes from train/autograd.cpp).
   const char* profile_env = std::getenv("MPQ_CUDA_PROFILE");
   const bool profiling = o.device == rt::BackendKind::CUDA && profile_env && *profile_env && std::string(profile_env) != "0";
-  double phase_ms[3] = {0.0, 0.0, 0.0};  // batch, teacher, student step (forward, loss, backward, update)
+  double phase_ms[3] = {0.0, 0.0, 0.0};  // batch, teacher, student step (forward, loss, backward, update, checks)
   const auto t0 = Clock::now();
   int64_t samples = 0;
   for (int64_t step = start; step < total_steps; ++step) {
@@ -349,13 +351,6 @@ QatResult qat_finetune(const QatOptions& o) {
     // SGD's momentum without effect, and the group has no weight decay).
     if (o.freeze_ranges_after >= 0 && step >= o.freeze_ranges_after) opt->set_lr_scale("scales", 0.0);
     const StepResult r = trainer.step(feeds, loss_fn);
-    const auto b3 = Clock::now();
-    res.step_ms.push_back(std::chrono::duration<double, std::milli>(b3 - b0).count());
-    if (profiling) {
-      phase_ms[0] += std::chrono::duration<double, std::milli>(b1 - b0).count();
-      phase_ms[1] += std::chrono::duration<double, std::milli>(b2 - b1).count();
-      phase_ms[2] += std::chrono::duration<double, std::milli>(b3 - b2).count();
-    }
     samples += hi - lo;
     if (step == 0) res.first_loss = r.loss;
     res.final_loss = r.loss;
@@ -373,6 +368,14 @@ QatResult qat_finetune(const QatOptions& o) {
             fail_input("training diverged at step {}: {} '{}' became {}; lower --lr", step + 1, scale ? "step size" : "parameter",
                        p.name, v[i]);
       }
+    // The step's wall time ends here: on a device the divergence flags above waited for the update.
+    const auto b3 = Clock::now();
+    res.step_ms.push_back(std::chrono::duration<double, std::milli>(b3 - b0).count());
+    if (profiling) {
+      phase_ms[0] += std::chrono::duration<double, std::milli>(b1 - b0).count();
+      phase_ms[1] += std::chrono::duration<double, std::milli>(b2 - b1).count();
+      phase_ms[2] += std::chrono::duration<double, std::milli>(b3 - b2).count();
+    }
     bad = (r.skipped || !std::isfinite(r.loss)) ? bad + 1 : 0;
     if (bad >= o.max_bad_steps)
       fail_input("training diverged: {} consecutive steps had a non-finite loss or gradient (last loss {}, loss scale {}); "

@@ -115,7 +115,8 @@ inline void run_low_precision_model_cases(const cuda::OpsTable& table, rt::gpu::
     std::string cpu_ops;
     for (const auto& [op, n] : stats.on_cpu) cpu_ops += op + ":" + std::to_string(n) + " ";
     INFO("CPU fallback: " << cpu_ops);
-    for (const char* op : {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Relu", "Mul", "Softmax", "Resize"}) {
+    for (const char* op : {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Erf",
+                           "HardSigmoid", "HardSwish", "Softmax", "Resize", "MaxPool", "GlobalAveragePool", "Transpose"}) {
       INFO(op);
       CHECK(stats.on_cpu.count(op) == 0);
     }

@@ -916,7 +916,10 @@ TEST_CASE("chunked per-channel sums match a serial sum and do not depend on the 
   struct Case {
     int64_t outer, channels, inner;
   };
-  for (const Case& k : {Case{1, 1, 300000}, Case{3, 5, 1000}, Case{64, 3, 49}, Case{2, 700, 130}, Case{1, 4, 1}}) {
+  // [1, 5000, 300]: 10,000 runs, more than a one-thread launch's 4,096 blocks, so pass 1 walks its
+  // grid-stride loop.
+  for (const Case& k : {Case{1, 1, 300000}, Case{3, 5, 1000}, Case{64, 3, 49}, Case{2, 700, 130}, Case{1, 4, 1},
+                        Case{1, 5000, 300}}) {
     INFO("[" << k.outer << ", " << k.channels << ", " << k.inner << "]");
     const int64_t n = k.outer * k.channels * k.inner;
     const Tensor xt = test::random_tensor({n}, 91, -3.0f, 3.0f);

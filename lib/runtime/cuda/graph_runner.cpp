@@ -99,7 +99,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       if (v) last_use[v] = i;
 
   std::unordered_map<const ir::Value*, Tensor> dev;  // device copy of every live value
-  std::unordered_map<const ir::Value*, Tensor> mirror;  // host copies of small integer values (keep_host_mirror)
+  std::unordered_map<const ir::Value*, Tensor> mirror;  // host copies of small values (keep_host_mirror)
   auto upload = [&](const ir::Value* v, const Tensor& host) {
     dev[v] = host.dtype() == DType::String ? host : to_device(host, rt.alloc, rt.backend, rt.stream, v->name(), "Input");
   };
@@ -148,7 +148,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
     // Each input's data on the host where it is there without a copy: a constant's initializer or a
-    // small integer value's mirror (null otherwise). The planner reads them as known values; the
+    // small value's mirror (null otherwise). The planner reads them as known values; the
     // CPU kernels read them instead of copying the device tensor back.
     std::vector<const Tensor*> on_host;
     for (const ir::Value* v : node.inputs()) {
@@ -175,29 +175,36 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       host_outs.push_back(std::move(meta));
     } else {
       // FP16/BF16 values: the node computes in FP32 on the device, as runtime/low_precision.h's
-      // rule does on the CPU: its low-precision inputs widened (host-known constants too, for the
-      // planner), its float outputs rounded back to the first such input's type. Cast converts
+      // rule does on the CPU: planned as FP32 (small host-known values widened for the planner,
+      // larger ones such as weights not given), then its low-precision inputs widened on the
+      // device, its float outputs rounded back to the first such input's type. Cast converts
       // itself. A CPU fallback gets the original inputs (the CPU executor applies the same rule).
+      // The CPU leaves data-movement ops (Reshape, Gather, Concat, ...) in their own type; here
+      // they go through FP32 too, which gives the same values (both conversions are exact).
       const bool is_cast = node.domain.empty() && node.op_type == "Cast";
       const DType low = is_cast ? DType::Undefined : first_low_type(inputs);
-      std::vector<Tensor> wide = inputs, wide_host(on_host.size());
-      std::vector<const Tensor*> wide_on_host = on_host;
-      std::vector<DType> wide_dtypes = dtypes;
+      auto is_low = [](DType t) { return t == DType::Float16 || t == DType::BFloat16; };
+      std::vector<Tensor> wide_host(on_host.size());
+      std::vector<const Tensor*> plan_on_host = on_host;
+      std::vector<DType> plan_dtypes = dtypes;
       if (low != DType::Undefined)
-        for (size_t i = 0; i < wide.size(); ++i) {
-          const DType t = dtypes[i];
-          if (t != DType::Float16 && t != DType::BFloat16) continue;
-          wide[i] = widen_on_device(rt, inputs[i], node.name, "mixed precision");
-          wide_dtypes[i] = DType::Float32;
-          if (on_host[i]) {
+        for (size_t i = 0; i < dtypes.size(); ++i) {
+          if (!is_low(dtypes[i])) continue;
+          plan_dtypes[i] = DType::Float32;
+          plan_on_host[i] = nullptr;
+          if (on_host[i] && keep_host_mirror(*on_host[i])) {
             wide_host[i] = widen_to_float32(*on_host[i]);
-            wide_on_host[i] = &wide_host[i];
+            plan_on_host[i] = &wide_host[i];
           }
         }
-      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, wide_dtypes, wide_on_host);
+      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, plan_dtypes, plan_on_host);
       on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
       if (on_device) {
         try {
+          std::vector<Tensor> wide = inputs;
+          if (low != DType::Undefined)
+            for (Tensor& t : wide)
+              if (t.defined() && is_low(t.dtype())) t = widen_on_device(rt, t, node.name, "mixed precision");
           outs = run_planned_node(plan, node, wide, rt);
           if (low != DType::Undefined)
             for (Tensor& t : outs)
@@ -214,7 +221,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       if (!on_device) outs = run_on_cpu(node, opset, inputs, on_host, rt, &host_outs);
     }
     if (stats) ++(on_device ? stats->on_device : stats->on_cpu)[node.op_type];
-    // The outputs become live values (with host mirrors of the small integer ones); the inputs'
+    // The outputs become live values (with host mirrors of the small ones); the inputs'
     // buffers go back to the allocator after their last reader.
     for (size_t i = 0; i < node.num_outputs() && i < outs.size(); ++i)
       if (const ir::Value* v = node.output(i)) {
