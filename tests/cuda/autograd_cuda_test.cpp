@@ -247,60 +247,9 @@ TEST_CASE("device-mode optimizer state moves to the host for a CPU step and back
   for (size_t k = 0; k < finals[0].size(); ++k) CHECK(rel_l2(finals[1][k], finals[0][k]) < 1e-6);
 }
 
-// A gradient check on this backend: the device-mode engine's parameter gradients (host kernel
-// table) against central finite differences of its own forward, L = sum_j <R_j, Y_j>, on a smooth
-// model (the transformer: GELU, Softmax, LayerNorm, MatMul) and on resnet_bn in eval mode (ReLU:
-// the perturbation is small against the distance to a kink for almost every element). The device
-// bodies are FP32, so the differences are taken in FP32 with a step of 2e-3 (x max(1, |w|)) and
-// compared with a bound scaled by the gradient's size; the CPU backward kernels have their own
-// float64 checks (tests/train). A few seeded elements of every parameter.
+// A gradient check on this backend (autograd_compare.h's check_finite_differences), on the host
+// kernel table.
 TEST_CASE("device-mode gradients agree with finite differences of the device-mode forward", "[cuda][host_bodies][train]") {
-  for (const char* name : {"transformer_op17.onnx", "resnet_bn_op17.onnx"}) {
-    INFO(name);
-    const ir::Model model = test::load_test_model(name);
-    const rt::Feeds feeds = test::random_feeds(model, 3);
-    HostMemory mem;
-    train::Autograd dev(model, device_options(mpq::cuda::host_ops_table(), mem));
-    std::vector<Tensor> r;
-    auto loss = [&](const std::vector<Tensor>& outs) {
-      double l = 0.0;
-      for (size_t j = 0; j < outs.size(); ++j)
-        for (int64_t i = 0; i < outs[j].numel(); ++i) l += outs[j].get_double(i) * r[j].get_double(i);
-      return l;
-    };
-    const std::vector<Tensor> out = dev.forward(feeds);
-    for (size_t j = 0; j < out.size(); ++j) r.push_back(test::random_tensor(out[j].shape(), 50 + static_cast<uint32_t>(j)));
-    dev.backward(r);
-    std::vector<Tensor> analytic;
-    for (const train::Parameter& p : std::as_const(dev).parameters()) analytic.push_back(p.grad.clone());
-    int checked = 0;
-    uint32_t pick = 12345;
-    for (size_t k = 0; k < dev.parameters().size(); ++k) {
-      const int64_t n = analytic[k].numel();
-      double scale = 0.0;  // RMS of this parameter's gradient
-      for (int64_t i = 0; i < n; ++i) scale += analytic[k].get_double(i) * analytic[k].get_double(i);
-      scale = std::sqrt(scale / static_cast<double>(std::max<int64_t>(n, 1)));
-      for (int s = 0; s < 2 && n > 0; ++s) {
-        pick = pick * 1103515245u + 12345u;
-        const int64_t i = static_cast<int64_t>((pick >> 8) % static_cast<uint32_t>(n));
-        float* w = dev.parameters()[k].value.data<float>();  // marks the device copy stale
-        const float w0 = w[i];
-        const float h = 2e-3f * std::max(1.0f, std::fabs(w0));
-        w[i] = w0 + h;
-        const double up = loss(dev.forward(feeds));
-        w = dev.parameters()[k].value.data<float>();
-        w[i] = w0 - h;
-        const double down = loss(dev.forward(feeds));
-        w = dev.parameters()[k].value.data<float>();
-        w[i] = w0;
-        const double fd = (up - down) / (static_cast<double>(w0 + h) - static_cast<double>(w0 - h));
-        const double an = analytic[k].get_double(i);
-        INFO(dev.parameters()[k].name << "[" << i << "]: analytic " << an << ", finite difference " << fd);
-        CHECK(std::fabs(fd - an) <= 0.01 * std::fabs(an) + 0.01 * scale + 5e-4);
-        ++checked;
-      }
-    }
-    CHECK(checked >= 20);
-    CHECK(dev.device_fallbacks().count("MatMul (backward)") == 0);
-  }
+  HostMemory mem;
+  check_finite_differences(mpq::cuda::host_ops_table(), mem);
 }

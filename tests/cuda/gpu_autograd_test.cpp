@@ -35,3 +35,10 @@ TEST_CASE("device-mode training steps on the GPU follow the CPU engine's, with t
   }
   mpq::cuda::gpu_ops_table().release_stream(nullptr);
 }
+
+TEST_CASE("device-mode gradients on the GPU agree with finite differences of its forward", "[cuda][gpu][train]") {
+  MPQ_REQUIRE_GPU();
+  test::CudaMemory mem;
+  check_finite_differences(mpq::cuda::gpu_ops_table(), mem);  // written after the second H100 run
+  mpq::cuda::gpu_ops_table().release_stream(nullptr);
+}
