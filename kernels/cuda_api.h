@@ -15,9 +15,9 @@ struct OpsTable;  // kernels/ops_table.h
 // and beta, for HardSigmoid/HardSwish; 6: the convolution backward entries; 7: the parameter update
 // entries and the LayerNorm, Gather, Slice, PRelu and Where backward entries; 8: Resize's backward,
 // the indexed Gather backward and BatchNormalization's training forward and backward; 9: the binary
-// op PowSlope, Pow's backward; 10: convert_float, mixed precision's storage conversions); the loader
-// refuses a plugin built for another version.
-inline constexpr int kCudaApiVersion = 10;
+// op PowSlope, Pow's backward; 10: convert_float, mixed precision's storage conversions; 11:
+// fake_quant_bias); the loader refuses a plugin built for another version.
+inline constexpr int kCudaApiVersion = 11;
 
 struct DeviceInfo {
   int index = 0;

@@ -52,6 +52,9 @@ struct LaunchCtx {
   int dequantize(const QuantLayout& l, const uint8_t* q, float* y, const LaunchCtx& c);                           \
   int dequantize(const QuantLayout& l, const int32_t* q, float* y, const LaunchCtx& c);                           \
   int fake_quant(const QuantLayout& l, const float* x, float* y, const LaunchCtx& c);                             \
+  /* mpq FakeQuantBias: b at scale input_scale * weight_scale[c] (n_weight_scales 1 or n) */                      \
+  int fake_quant_bias(const float* b, const float* input_scale, const float* weight_scales, int64_t n,            \
+                      int64_t n_weight_scales, float* y, const LaunchCtx& c);                                       \
   int fake_quant_backward(const QuantLayout& l, const float* x, const float* dy, float* dx, double* scale_terms,   \
                           const LaunchCtx& c);                                                                      \
   int channel_sum(int64_t outer, int64_t channels, int64_t inner, const double* terms, const double* factor,       \

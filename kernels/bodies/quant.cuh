@@ -55,6 +55,48 @@ struct DequantizeBody {
   }
 };
 
+// mpq FakeQuantBias (runtime/cpu/fake_quant.cpp's fake_quantize_bias, step for step): each bias
+// value rounded to a multiple of s = input_scale * weight_scale[c] (one weight scale or one per
+// channel), as an int32 would hold it; if any channel's b / s rounds outside int32 (or is NaN), the
+// whole bias passes through unchanged. Pass 1 flags each channel (1.0 where it overflows), a
+// chunked maximum (chunk_sum.cuh) folds the flags, pass 2 writes every channel.
+MPQ_HD inline float fq_bias_scale(const float* input_scale, const float* weight_scales, int64_t n_weight_scales, int64_t c) {
+  return input_scale[0] * weight_scales[n_weight_scales == 1 ? 0 : c];
+}
+struct FakeQuantBiasFlagBody {
+  const float* b;
+  const float* input_scale;
+  const float* weight_scales;
+  int64_t n, n_weight_scales;
+  double* flags;  // n
+  MPQ_HD void operator()(const Thread& t) const {
+    for (int64_t c = t.global(); c < n; c += t.stride()) {
+      const float s = fq_bias_scale(input_scale, weight_scales, n_weight_scales, c);
+      const double r = rint(static_cast<double>(b[c]) / static_cast<double>(s));
+      flags[c] = fabs(r) <= 2147483647.0 ? 0.0 : 1.0;
+    }
+  }
+};
+struct FakeQuantBiasApplyBody {
+  const float* b;
+  const float* input_scale;
+  const float* weight_scales;
+  int64_t n, n_weight_scales;
+  const double* any_overflow;  // one value: > 0 when a channel overflows
+  float* y;
+  MPQ_HD void operator()(const Thread& t) const {
+    const bool pass_through = *any_overflow > 0.0;
+    for (int64_t c = t.global(); c < n; c += t.stride()) {
+      if (pass_through) {
+        y[c] = b[c];
+        continue;
+      }
+      const float s = fq_bias_scale(input_scale, weight_scales, n_weight_scales, c);
+      y[c] = static_cast<float>(static_cast<int32_t>(rintf(b[c] / s))) * s;
+    }
+  }
+};
+
 struct FakeQuantBody {
   QuantLayout l;
   const float* x;

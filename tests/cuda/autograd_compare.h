@@ -119,7 +119,7 @@ inline void compare_engines(const ir::Model& model, bool training, uint32_t seed
   std::set<std::string> ops_in_model;
   for (const auto& n : model.graph->nodes()) ops_in_model.insert(n->op_type);
   for (const char* op : {"Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "HardSwish", "GlobalAveragePool", "Softmax", "FakeQuant",
-                         "LayerNormalization", "BatchNormalization"}) {
+                         "FakeQuantBias", "LayerNormalization", "BatchNormalization"}) {
     if (!ops_in_model.count(op)) continue;
     INFO("op " << op);
     CHECK_FALSE(fell_back.count(std::string(op) + " (backward)"));

@@ -169,6 +169,16 @@ TEST_CASE("GPU quantization and statistics launchers match the host harness", "[
   cuda::QuantLayout dl{4, 5, 33, dscale.get(), dzp.get(), -128, 127};
   same_on_both(x, x.size(), [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::host::fake_quant(hl, a, y, c); },
                [&](const float* a, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::fake_quant(dl, a, y, c); });
+  // FakeQuantBias over 5 channels (the per-channel scales above as weight scales), then with one
+  // channel past int32: the whole bias passes through (not yet run on a GPU).
+  const float sx = 0.05f;
+  DeviceBuf<float> dsx(std::vector<float>{sx});
+  for (float poison : {0.0f, 1e30f}) {
+    std::vector<float> bias = rnd(5, 8, -2, 2);
+    bias[2] += poison;
+    same_on_both(bias, 5, [&](const float* b, float* y, const cuda::LaunchCtx& c) { return cuda::host::fake_quant_bias(b, &sx, scale.data(), 5, 5, y, c); },
+                 [&](const float* b, float* y, const cuda::LaunchCtx& c) { return cuda::gpu::fake_quant_bias(b, dsx.get(), dscale.get(), 5, 5, y, c); });
+  }
   const cuda::LaunchCtx c{cuda::launch_shape_for(static_cast<int64_t>(x.size()), 128)};
   std::vector<int8_t> hq(x.size());
   REQUIRE(cuda::host::quantize(hl, x.data(), hq.data(), c) == 0);

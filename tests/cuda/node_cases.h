@@ -192,6 +192,9 @@ inline void run_node_cases(const cuda::OpsTable& t, DeviceMemoryBackend& mem) {
   check_node(t, mem, "FakeQuant", {f({2, 3, 5}, 19), Tensor::from<float>({3}, {0.01f, 0.02f, 0.05f}), Tensor::from<int32_t>({3}, {0, 1, -1})},
              {ir::Attribute::make_int("qmin", -7), ir::Attribute::make_int("qmax", 7), ir::Attribute::make_int("axis", 1)}, 13, 1,
              "mpq", 0);
+  check_node(t, mem, "FakeQuantBias", {f({5}, 28), Tensor::scalar<float>(0.05f), Tensor::from<float>({5}, {0.01f, 0.02f, 0.03f, 0.04f, 0.05f})},
+             {}, 13, 1, "mpq", 0);
+  check_node(t, mem, "FakeQuantBias", {f({3}, 29), Tensor::scalar<float>(0.05f), Tensor::scalar<float>(0.02f)}, {}, 13, 1, "mpq", 0);
   check_node(t, mem, "HardSigmoid", {f({2, 3, 5}, 26, -6, 6)}, {ir::Attribute::make_float("alpha", 1.0f / 6.0f)}, 13);
   check_node(t, mem, "HardSwish", {f({2, 3, 5}, 27, -5, 5)}, {}, 14);
   // Shape-only ops (identity copy under the new shape) and global pooling (reduction per row).

@@ -12,6 +12,7 @@
 #include "calib/quant_ref.h"
 #include "host_grid.h"
 #include "kernels/ops.h"
+#include "runtime/cpu/fake_quant.h"
 #include "test_util.h"
 
 using namespace mpq;
@@ -136,6 +137,44 @@ TEST_CASE("FakeQuant body is bit-exact with quant_ref and mpq's FakeQuant kernel
       for (size_t i = 0; i < want.size(); ++i) {
         INFO("element " << i << ": " << y[i] << " vs " << want[i]);
         REQUIRE(same_bits(y[i], want[i]));
+      }
+    }
+  }
+}
+
+// mpq FakeQuantBias against the CPU's fake_quantize_bias, bit for bit: per-channel and single
+// weight scales, exact ties (k + 0.5 steps), and the all-or-nothing pass-through when one
+// channel's value overflows int32 or is NaN.
+TEST_CASE("FakeQuantBias body is bit-exact with the CPU kernel", "[cuda][host_bodies][quant]") {
+  const int64_t n = 37;
+  const Tensor bt = test::random_tensor({n}, 71, -3.0f, 3.0f);
+  const Tensor wt = test::random_tensor({n}, 72, 0.01f, 0.1f);
+  const float sx = 0.05f;
+  struct Case {
+    const char* what;
+    int64_t n_weight_scales;
+    int poison;  // 0: none, 1: one channel far past int32, 2: one NaN
+  };
+  for (const Case& k : {Case{"per channel", n, 0}, Case{"one weight scale", 1, 0}, Case{"overflow", n, 1}, Case{"NaN", 1, 2}}) {
+    INFO(k.what);
+    std::vector<float> b(bt.data<float>(), bt.data<float>() + n), w(wt.data<float>(), wt.data<float>() + n);
+    // Exact ties: 2.5 and -3.5 steps of channel 3's scale (round half to even: 2 and -4).
+    const float s3 = sx * w[k.n_weight_scales == 1 ? 0 : 3];
+    b[3] = 2.5f * s3;
+    b[4] = -3.5f * (sx * w[k.n_weight_scales == 1 ? 0 : 4]);
+    if (k.poison == 1) b[20] = 1e30f;
+    if (k.poison == 2) b[20] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> want(static_cast<size_t>(n));
+    const bool quantized = rt::cpu::fake_quantize_bias(b.data(), n, sx, w.data(), k.n_weight_scales, want.data());
+    if (!quantized) want = b;
+    CHECK(quantized == (k.poison == 0));
+    for (const cuda::LaunchCtx& c : test::launches_for(n)) {
+      INFO("launch " << test::launch_str(c));
+      std::vector<float> y = test::nan_filled(static_cast<size_t>(n));
+      REQUIRE(cuda::host::fake_quant_bias(b.data(), &sx, w.data(), n, k.n_weight_scales, y.data(), c) == 0);
+      for (int64_t i = 0; i < n; ++i) {
+        INFO("channel " << i << ": " << y[static_cast<size_t>(i)] << " vs " << want[static_cast<size_t>(i)]);
+        REQUIRE(same_bits(y[static_cast<size_t>(i)], want[static_cast<size_t>(i)]));
       }
     }
   }

@@ -143,6 +143,8 @@ TEST_CASE("nodes the CUDA bodies run, with the CPU kernels' output shapes", "[cu
   CHECK(ct.conv.y_shape == std::vector<int64_t>{2, 6, 4, 5});  // the convolution maps Y's shape onto X's
   CHECK(ct.has_bias);
   CHECK_THROWS_AS(plan("ConvTranspose", {f({1, 4, 5, 5}), f({3, 2, 3, 3})}, {}, 13), Error);  // W[0] != X's channels
+  check_planned("FakeQuantBias", {f({4}), f({1}), f({4})}, {}, 13, LaunchKind::FakeQuantBias, "mpq");
+  CHECK(plan("FakeQuantBias", {f({4}), f({1}), f({3})}, {}, 13, "mpq").kind == LaunchKind::Fallback);  // the CPU reports it
   // Cast between the float types (FP16 / BF16 inputs included, which no other plan takes).
   const int fp16 = static_cast<int>(DType::Float16), bf16 = static_cast<int>(DType::BFloat16);
   check_planned("Cast", {f({2, 3})}, {A::make_int("to", fp16)}, 13, LaunchKind::Cast);

@@ -29,6 +29,7 @@ const char* launch_kind_name(LaunchKind k) {
     case LaunchKind::Conv: return "cudnn-conv";
     case LaunchKind::ConvTranspose: return "cudnn-conv-transpose";
     case LaunchKind::Cast: return "cast";
+    case LaunchKind::FakeQuantBias: return "fake-quant-bias";
   }
   return "?";
 }
@@ -338,6 +339,18 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     return plan_quant(node, shapes, LaunchKind::Dequantize);
   }
   if (op == "FakeQuant" && mpq_domain) return plan_quant(node, shapes, LaunchKind::FakeQuant);
+  if (op == "FakeQuantBias" && mpq_domain) {
+    // The CPU kernel reports malformed inputs (its message names them): only the shapes it takes.
+    if (shapes.size() < 3 || dtypes[1] != DType::Float32 || dtypes[2] != DType::Float32) return fallback("non-FP32 scales");
+    const int64_t n = shape_numel(shapes[0]), nw = shape_numel(shapes[2]);
+    if (shapes[0].size() != 1 || shape_numel(shapes[1]) != 1 || (nw != 1 && nw != n))
+      return fallback("bias or scale shapes the CPU kernel rejects");
+    NodeLaunch l;
+    l.kind = LaunchKind::FakeQuantBias;
+    l.out_shape = shapes[0];
+    l.quant_channels = nw;
+    return l;
+  }
   if (op == "MatMul" || op == "Gemm") {
     const Shape& a = shapes[0];
     const Shape& b = shapes[1];

@@ -36,6 +36,9 @@ enum class LaunchKind {
   // ConvTranspose: cuDNN's backward-data of the convolution `conv` plans, which maps the
   // ConvTranspose's output shape to its input shape with the same weights.
   ConvTranspose,
+  // mpq FakeQuantBias: the bias (rank 1) at input_scale * weight_scale[c] (quant_channels weight
+  // scales: 1 or one per channel).
+  FakeQuantBias,
   // Cast between FP32, FP16 and BF16 (runtime/cuda/device_convert.h); `cast_to` is the target.
   Cast,
 };

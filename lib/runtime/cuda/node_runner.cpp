@@ -223,6 +223,12 @@ struct Runner {
         }
         return {y};
       }
+      case LaunchKind::FakeQuantBias: {
+        Tensor y = out(DType::Float32, l.out_shape);
+        check(ops.fake_quant_bias(fp(input(0)), fp(input(1)), fp(input(2)), y.numel(), l.quant_channels, fp(y), ctx(y.numel())),
+              "fake-quant-bias kernel launch");
+        return {y};
+      }
       case LaunchKind::Cast: {
         // A Cast to its own type still writes a new tensor (FP32: the Identity body; FP16/BF16:
         // through FP32, exact both ways).
