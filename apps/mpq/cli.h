@@ -15,6 +15,9 @@ namespace mpq::cli {
 // --help text of every command's --device option (one wording; runtime/devices.cpp decides).
 inline constexpr const char* kDeviceHelp =
     "cpu, cuda (the CUDA path, see docs/gpu.md) or auto (cuda when a GPU is usable, else cpu)";
+inline constexpr const char* kTf32Help =
+    "CUDA path: FP32 matrix products and convolutions may use TF32 tensor-core math (10 mantissa bits in the "
+    "products, as PyTorch's allow_tf32; off by default)";
 
 // Returns the process exit code.
 using Action = std::function<int()>;

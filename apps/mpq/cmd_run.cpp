@@ -26,6 +26,7 @@ struct RunOpts {
   std::string data;
   std::string outputs;
   std::string device = "cpu";
+  bool tf32 = false;
   int threads = 0;
   int repeat = 0;
   int64_t max_samples = -1;
@@ -77,6 +78,7 @@ int run_command(const RunOpts& o) {
   rt::BackendKind backend = rt::resolve_device(o.device);
   if (o.profile && o.repeat <= 0) fail_input("--profile times the --repeat runs: give --repeat R");
   if (o.profile && backend != rt::BackendKind::CPU) fail_input("--profile times CPU runs only (--device cpu)");
+  if (o.tf32 && backend != rt::BackendKind::CUDA) fail_input("--tf32 applies to the CUDA path only (--device cuda or auto with a GPU)");
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
   if (!o.no_fusion)
@@ -87,6 +89,7 @@ int run_command(const RunOpts& o) {
   rt::ExecOptions eopts;
   eopts.backend = backend;
   eopts.threads = o.threads;
+  eopts.allow_tf32 = o.tf32;
   rt::Executor exec(model, eopts);
   if (!o.outputs.empty()) {
     std::error_code ec;
@@ -180,6 +183,7 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
   sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub.add_flag("--tf32", o->tf32, kTf32Help);
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
                "before it, a residual Add and activation after a Conv run in its epilogue, written-out "

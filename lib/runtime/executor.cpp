@@ -272,6 +272,7 @@ struct Executor::CudaPath {
       runtime->staging = &context->staging();
       log = &context->fallbacks();
     }
+    runtime->plan.allow_tf32 = o.allow_tf32;
   }
   ~CudaPath() {
     constants.clear();  // device buffers go back before the allocator and stream do

@@ -29,6 +29,8 @@ struct ExecOptions {
   // plugin's (the host harness and host memory stand in for a GPU). Both or neither.
   const cuda::OpsTable* cuda_ops = nullptr;
   gpu::DeviceMemoryBackend* cuda_memory = nullptr;
+  // BackendKind::CUDA: FP32 GEMMs and convolutions may use TF32 tensor-core math (`--tf32`).
+  bool allow_tf32 = false;
 };
 
 // Where a run's time went, per op type ("domain::Op" outside the default domain), summed over every

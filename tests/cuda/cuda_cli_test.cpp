@@ -92,3 +92,15 @@ TEST_CASE("--device auto picks CUDA when usable, the CPU otherwise", "[cuda][cli
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("(cuda,") != std::string::npos);
 }
+
+// `--tf32` asks the CUDA path for TF32 math (the host table computes FP32 either way); on the CPU it
+// is refused with a clear message.
+TEST_CASE("--tf32 runs on the CUDA path and is refused on the CPU", "[cuda][cli][host_bodies]") {
+  auto cpu = test::run_mpq({"run", model().string(), "--data", data().string(), "--tf32"});
+  CHECK(cpu.exit_code == 2);
+  CHECK(cpu.err.find("--tf32 applies to the CUDA path only") != std::string::npos);
+  EmulateCuda emulate;
+  auto r = test::run_mpq({"run", model().string(), "--data", data().string(), "--device", "cuda", "--tf32"});
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+}

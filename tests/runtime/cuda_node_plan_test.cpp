@@ -210,3 +210,23 @@ TEST_CASE("everything else falls back to the CPU with a reason", "[cuda_plan]") 
   CHECK(plan("Gather", {f({5, 6}), i64({2}, {-5, 4})}, {}, 13).indices_checked);
   CHECK(reason(plan("Reshape", {Tensor::from<int64_t>({2}, {1, 2}), i64({1}, {2})}, {}, 13)) == "input type int64");
 }
+
+// TF32 only when asked (PlanOptions::allow_tf32, `--tf32`): FP32 matrix products get the fast-TF32
+// compute type and convolutions cuDNN's tensor-op math; by default FP32 math.
+TEST_CASE("TF32 is planned only when asked", "[cuda_plan]") {
+  ir::Model m;
+  m.set_opset("", 13);
+  ir::Graph* g = m.graph.get();
+  ir::Node* mm = g->add_node("MatMul", {g->add_value("a"), g->add_value("b")}, {g->add_value("y")}, "mm");
+  ir::Node* conv = g->add_node("Conv", {g->add_value("x"), g->add_value("w")}, {g->add_value("z")}, "conv");
+  for (bool tf32 : {false, true}) {
+    INFO("allow_tf32 " << tf32);
+    const PlanOptions o{tf32};
+    const NodeLaunch lm = plan_node(*mm, 13, {{4, 8}, {8, 16}}, {DType::Float32, DType::Float32}, {nullptr, nullptr}, o);
+    REQUIRE(lm.kind == LaunchKind::Gemm);
+    CHECK(lm.gemm.compute == (tf32 ? LtCompute::F32_FAST_TF32 : LtCompute::F32));
+    const NodeLaunch lc = plan_node(*conv, 13, {{1, 3, 8, 8}, {4, 3, 3, 3}}, {DType::Float32, DType::Float32}, {nullptr, nullptr}, o);
+    REQUIRE(lc.kind == LaunchKind::Conv);
+    CHECK(lc.conv.math == (tf32 ? ConvMath::TensorOp : ConvMath::Fma));
+  }
+}

@@ -197,7 +197,7 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
             plan_on_host[i] = &wide_host[i];
           }
         }
-      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, plan_dtypes, plan_on_host);
+      const cuda_plan::NodeLaunch plan = cuda_plan::plan_node(node, opset, shapes, plan_dtypes, plan_on_host, rt.plan);
       on_device = plan.kind != cuda_plan::LaunchKind::Fallback;
       if (on_device) {
         try {

@@ -116,7 +116,7 @@ std::string reshaped_shape(const ir::Node& node, int opset, const Shape& in, con
 }  // namespace
 
 NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
-                     const std::vector<const Tensor*>& inputs) {
+                     const std::vector<const Tensor*>& inputs, const PlanOptions& options) {
   const std::string& op = node.op_type;
   const bool mpq_domain = node.domain == "mpq";
   if (!node.domain.empty() && !mpq_domain) return fallback("domain '" + node.domain + "'");
@@ -356,6 +356,7 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     const Shape& b = shapes[1];
     if (dtypes[0] != DType::Float32 || dtypes[1] != DType::Float32) return fallback("non-FP32 inputs");
     GemmRequest r;
+    if (options.allow_tf32) r.precision = GemmPrecision::TF32;
     if (op == "Gemm") {
       if (a.size() != 2 || b.size() != 2) fail_input("{}: Gemm needs 2-D operands", node.label());
       r.trans_a = node.attr_int("transA", 0) != 0;
@@ -407,6 +408,7 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
     if (dtypes[0] != DType::Float32 || dtypes[1] != DType::Float32) return fallback("non-FP32 inputs");
     ConvRequest r{shapes[0], shapes[1], node.attr_ints("strides"), node.attr_ints("dilations"), node.attr_ints("pads"),
                   node.attr_int("group", 1)};
+    r.allow_tf32 = options.allow_tf32;
     l.conv = plan_conv(r);
     l.out_shape = l.conv.y_shape;
     if (!l.conv.use_cudnn) return fallback("cuDNN: " + l.conv.fallback_reason);
@@ -451,6 +453,7 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
       y.push_back(len);
     }
     ConvRequest r{y, w, strides, dilations, pads, group};
+    r.allow_tf32 = options.allow_tf32;
     l.conv = plan_conv(r);
     if (!l.conv.use_cudnn) return fallback("cuDNN: " + l.conv.fallback_reason);
     if (Shape(l.conv.y_shape.begin(), l.conv.y_shape.end()) != x) return fallback("geometry the backward-data plan does not invert");

@@ -73,6 +73,12 @@ struct NodeLaunch {
   DType cast_to = DType::Undefined;
 };
 
+// Choices the caller makes for every node. allow_tf32: FP32 GEMMs and convolutions may use TF32
+// tensor-core math (as PyTorch's allow_tf32; `--tf32`), 10 mantissa bits in the products.
+struct PlanOptions {
+  bool allow_tf32 = false;
+};
+
 // The bodies and library plans are FP32: a graph runner gives a node with FP16/BF16 inputs its
 // inputs widened and rounds its float outputs back (runtime/low_precision.h's rule), so only Cast
 // sees the low types here.
@@ -80,6 +86,6 @@ struct NodeLaunch {
 // Resize scales, Slice starts, Reshape shapes; null otherwise), `shapes` / `dtypes` for every input
 // (omitted optional inputs: empty shape and DType::Undefined). `opset`: the node's domain version.
 NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
-                     const std::vector<const Tensor*>& inputs);
+                     const std::vector<const Tensor*>& inputs, const PlanOptions& options = {});
 
 }  // namespace mpq::rt::cuda_plan

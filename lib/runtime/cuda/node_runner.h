@@ -29,6 +29,8 @@ struct KernelRuntime {
   ThreadPool* cpu_pool = nullptr;
   // Pinned memory for the graph's input and output copies (null: pageable copies).
   PinnedStaging* staging = nullptr;
+  // What the graph runner plans with (TF32 for FP32 GEMMs and convolutions when asked).
+  cuda_plan::PlanOptions plan = {};
 };
 
 // The pieces every device step of a node uses, with errors that name the node and op (the
