@@ -79,7 +79,7 @@ TEST_CASE("calibrate and validate through the CUDA path agree with the CPU", "[c
 
 // `--device auto` takes the CUDA path when it is usable (here: the host emulation) and the CPU
 // otherwise; the run line names the device.
-TEST_CASE("--device auto picks CUDA when usable, the CPU otherwise", "[cuda][cli][host_bodies]") {
+TEST_CASE("device auto picks CUDA when usable, the CPU otherwise", "[cuda][cli][host_bodies]") {
   {
     auto r = test::run_mpq({"run", model().string(), "--data", data().string(), "--device", "auto"});
     INFO(r.err);
@@ -95,7 +95,7 @@ TEST_CASE("--device auto picks CUDA when usable, the CPU otherwise", "[cuda][cli
 
 // `--tf32` asks the CUDA path for TF32 math (the host table computes FP32 either way); on the CPU it
 // is refused with a clear message.
-TEST_CASE("--tf32 runs on the CUDA path and is refused on the CPU", "[cuda][cli][host_bodies]") {
+TEST_CASE("the tf32 flag runs on the CUDA path and is refused on the CPU", "[cuda][cli][host_bodies]") {
   auto cpu = test::run_mpq({"run", model().string(), "--data", data().string(), "--tf32"});
   CHECK(cpu.exit_code == 2);
   CHECK(cpu.err.find("--tf32 applies to the CUDA path only") != std::string::npos);
