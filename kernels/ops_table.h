@@ -26,7 +26,7 @@ struct OpsTable {
   int (*dequantize_u8)(const QuantLayout&, const uint8_t*, float*, const LaunchCtx&);
   int (*dequantize_i32)(const QuantLayout&, const int32_t*, float*, const LaunchCtx&);
   int (*fake_quant)(const QuantLayout&, const float*, float*, const LaunchCtx&);
-  int (*fake_quant_bias)(const float*, const float*, const float*, int64_t, int64_t, float*, const LaunchCtx&);
+  int (*fake_quant_bias)(const float*, const float*, const float*, int64_t, int64_t, float*, const LaunchCtx&);  // version 11
   int (*matmul)(const MatmulGeom&, const float*, const float*, float*, const LaunchCtx&);
   int (*conv_direct)(const ConvGeom&, const float*, const float*, float*, const LaunchCtx&);
   // Library-backed entries (kernels/lib_ops.h): cuBLASLt / cuDNN on the GPU, the direct bodies on

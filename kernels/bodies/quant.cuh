@@ -73,7 +73,7 @@ struct FakeQuantBiasFlagBody {
     for (int64_t c = t.global(); c < n; c += t.stride()) {
       const float s = fq_bias_scale(input_scale, weight_scales, n_weight_scales, c);
       const double r = rint(static_cast<double>(b[c]) / static_cast<double>(s));
-      flags[c] = fabs(r) <= 2147483647.0 ? 0.0 : 1.0;
+      flags[c] = fabs(r) <= 2147483647.0 ? 0.0 : 1.0;  // then pass 2's float quotient fits too (fake_quant.cpp)
     }
   }
 };

@@ -263,8 +263,8 @@ inline void check_same_run(const Run& dev, const Run& cpu, double tol = 1e-5) {
 // transformer: GELU, Softmax, LayerNorm, MatMul) and on resnet_bn in eval mode (ReLU: the
 // perturbation is small against the distance to a kink for almost every element). The device
 // bodies are FP32, so the differences are taken in FP32 with a step of 2e-3 (x max(1, |w|)) and
-// compared with a bound scaled by the gradient's size (on the host table the worst element uses
-// half of it); the CPU backward kernels have their own float64 checks (tests/train). Two seeded
+// compared with a bound scaled by the gradient's size (when it was set, the worst element on the
+// host table used half of it); the CPU backward kernels have their own float64 checks (tests/train). Two seeded
 // elements of every parameter.
 inline void check_finite_differences(const mpq::cuda::OpsTable& table, rt::gpu::DeviceMemoryBackend& mem) {
   for (const char* name : {"transformer_op17.onnx", "resnet_bn_op17.onnx"}) {

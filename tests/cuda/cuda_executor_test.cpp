@@ -95,3 +95,40 @@ TEST_CASE("Executor with the CUDA backend and no GPU fails with one clear line",
     CHECK(std::string(e.what()).rfind("--device cuda: ", 0) == 0);
   }
 }
+
+namespace {
+// What the last library calls were planned with (the recording table below).
+rt::cuda_plan::LtCompute g_last_gemm_compute = rt::cuda_plan::LtCompute::I32;
+rt::cuda_plan::ConvMath g_last_conv_math = rt::cuda_plan::ConvMath::Default;
+}  // namespace
+
+// ExecOptions::allow_tf32 (`mpq run --tf32`) reaches the plans the library entries get: the fast-TF32
+// compute type for matrix products and tensor-op math for convolutions, FP32 math otherwise.
+TEST_CASE("Executor's allow_tf32 reaches the library plans", "[cuda][host_bodies][executor]") {
+  mpq::cuda::OpsTable recording = mpq::cuda::host_ops_table();
+  recording.gemm = [](const rt::cuda_plan::GemmPlan& p, const void* a, const void* b, void* c, void* ws, size_t bytes,
+                      const mpq::cuda::LaunchCtx& ctx) {
+    g_last_gemm_compute = p.compute;
+    return mpq::cuda::host_ops_table().gemm(p, a, b, c, ws, bytes, ctx);
+  };
+  recording.conv_forward = [](const rt::cuda_plan::ConvPlan& p, const float* x, const float* w, float* y, void* ws, size_t bytes,
+                              const mpq::cuda::LaunchCtx& ctx) {
+    g_last_conv_math = p.math;
+    return mpq::cuda::host_ops_table().conv_forward(p, x, w, y, ws, bytes, ctx);
+  };
+  const ir::Model m = ir::load_model(test::models_dir() / "resnet_bn_op13.onnx");  // Conv and Gemm
+  const rt::Feeds feeds = test::random_feeds(m);
+  for (bool tf32 : {false, true}) {
+    INFO("allow_tf32 " << tf32);
+    test::HostMemory mem;
+    rt::ExecOptions o = host_cuda_options(mem);
+    o.cuda_ops = &recording;
+    o.allow_tf32 = tf32;
+    g_last_gemm_compute = rt::cuda_plan::LtCompute::I32;
+    g_last_conv_math = rt::cuda_plan::ConvMath::Default;
+    rt::Executor gpu(m, o);
+    gpu.run(feeds);
+    CHECK(g_last_gemm_compute == (tf32 ? rt::cuda_plan::LtCompute::F32_FAST_TF32 : rt::cuda_plan::LtCompute::F32));
+    CHECK(g_last_conv_math == (tf32 ? rt::cuda_plan::ConvMath::TensorOp : rt::cuda_plan::ConvMath::Fma));
+  }
+}

@@ -149,7 +149,7 @@ TEST_CASE("FakeQuantBias body is bit-exact with the CPU kernel", "[cuda][host_bo
   const int64_t n = 37;
   const Tensor bt = test::random_tensor({n}, 71, -3.0f, 3.0f);
   const Tensor wt = test::random_tensor({n}, 72, 0.01f, 0.1f);
-  const float sx = 0.05f;
+  const float sx = 0.0625f;
   struct Case {
     const char* what;
     int64_t n_weight_scales;
@@ -158,10 +158,16 @@ TEST_CASE("FakeQuantBias body is bit-exact with the CPU kernel", "[cuda][host_bo
   for (const Case& k : {Case{"per channel", n, 0}, Case{"one weight scale", 1, 0}, Case{"overflow", n, 1}, Case{"NaN", 1, 2}}) {
     INFO(k.what);
     std::vector<float> b(bt.data<float>(), bt.data<float>() + n), w(wt.data<float>(), wt.data<float>() + n);
-    // Exact ties: 2.5 and -3.5 steps of channel 3's scale (round half to even: 2 and -4).
-    const float s3 = sx * w[k.n_weight_scales == 1 ? 0 : 3];
+    // Exact ties: 2.5 and -3.5 steps of channels 3 and 4 (round half to even: 2 and -4), with
+    // power-of-two scales so that the quotients are exactly k + 0.5.
+    w[0] = 0.125f;
+    w[3] = 0.5f;
+    w[4] = 0.25f;
+    const float s3 = sx * w[k.n_weight_scales == 1 ? 0 : 3], s4 = sx * w[k.n_weight_scales == 1 ? 0 : 4];
     b[3] = 2.5f * s3;
-    b[4] = -3.5f * (sx * w[k.n_weight_scales == 1 ? 0 : 4]);
+    b[4] = -3.5f * s4;
+    REQUIRE(b[3] / s3 == 2.5f);
+    REQUIRE(b[4] / s4 == -3.5f);
     if (k.poison == 1) b[20] = 1e30f;
     if (k.poison == 2) b[20] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> want(static_cast<size_t>(n));

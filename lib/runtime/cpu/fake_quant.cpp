@@ -76,6 +76,8 @@ bool fake_quantize_bias(const float* bias, int64_t channels, float input_scale, 
     const float s = input_scale * weight_scales[n_weight_scales == 1 ? 0 : c];
     const double r = std::nearbyint(static_cast<double>(bias[c]) / static_cast<double>(s));
     if (!(std::fabs(r) <= static_cast<double>(INT32_MAX))) return false;
+    // The float quotient below cannot round to 2^31 once the double one passed: 2^31 s is a float,
+    // so a float bias just below it gives a quotient at most 2^31 - 128, which rounds below 2^31.
     out[c] = static_cast<float>(static_cast<int32_t>(std::nearbyint(bias[c] / s))) * s;
   }
   return true;

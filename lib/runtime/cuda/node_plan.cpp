@@ -341,7 +341,8 @@ NodeLaunch plan_node(const ir::Node& node, int opset, const std::vector<Shape>& 
   if (op == "FakeQuant" && mpq_domain) return plan_quant(node, shapes, LaunchKind::FakeQuant);
   if (op == "FakeQuantBias" && mpq_domain) {
     // The CPU kernel reports malformed inputs (its message names them): only the shapes it takes.
-    if (shapes.size() < 3 || dtypes[1] != DType::Float32 || dtypes[2] != DType::Float32) return fallback("non-FP32 scales");
+    if (shapes.size() < 3 || dtypes[2] == DType::Undefined) return fallback("FakeQuantBias without its two scales");
+    if (dtypes[1] != DType::Float32 || dtypes[2] != DType::Float32) return fallback("non-FP32 scales");
     const int64_t n = shape_numel(shapes[0]), nw = shape_numel(shapes[2]);
     if (shapes[0].size() != 1 || shape_numel(shapes[1]) != 1 || (nw != 1 && nw != n))
       return fallback("bias or scale shapes the CPU kernel rejects");
