@@ -36,7 +36,9 @@ TEST_CASE("device-mode training steps on the GPU follow the CPU engine's, with t
   mpq::cuda::gpu_ops_table().release_stream(nullptr);
 }
 
-TEST_CASE("device-mode gradients on the GPU agree with finite differences of its forward", "[cuda][gpu][train]") {
+// Tagged [fd]: gpu_check.sh leaves it out of the compute-sanitizer runs (its hundreds of forwards
+// repeat what the other cases run there, and racecheck would take minutes).
+TEST_CASE("device-mode gradients on the GPU agree with finite differences of its forward", "[cuda][gpu][train][fd]") {
   MPQ_REQUIRE_GPU();
   test::CudaMemory mem;
   check_finite_differences(mpq::cuda::gpu_ops_table(), mem);  // written after the second H100 run
