@@ -613,9 +613,7 @@ struct Autograd::Impl {
     }
     // A node with FP16/BF16 inputs computes in FP32 on the device: its inputs widened here, its
     // float outputs rounded back to `low` below (runtime/low_precision.h's rule on the CPU).
-    // Cast converts between the float types itself (LaunchKind::Cast).
-    const bool is_cast = n.domain.empty() && n.op_type == "Cast";
-    const DType low = is_cast ? DType::Undefined : gpu::first_low_type(ins);
+    const DType low = rt::gpu::node_low_type(n, ins);
     std::vector<Tensor> wide = ins;
     if (low != DType::Undefined)
       for (Tensor& t : wide) t = dev->widen(t, n.name, "mixed precision");
@@ -673,9 +671,7 @@ struct Autograd::Impl {
         }
       }
     }
-    if (done && low != DType::Undefined)
-      for (Tensor& t : r.outs)
-        if (t.defined() && t.dtype() == DType::Float32) t = dev->convert(t, low, n.name, "mixed precision");
+    if (done) rt::gpu::narrow_outputs_on_device(*dev->runtime, r.outs, low, n.name);
     if (!done) {
       dev->log->note(n.op_type, reason);
       std::vector<Tensor> host(ni);

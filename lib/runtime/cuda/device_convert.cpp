@@ -45,4 +45,15 @@ DType first_low_type(const std::vector<Tensor>& ts) {
   return DType::Undefined;
 }
 
+DType node_low_type(const ir::Node& node, const std::vector<Tensor>& inputs) {
+  if (node.domain.empty() && node.op_type == "Cast") return DType::Undefined;
+  return first_low_type(inputs);
+}
+
+void narrow_outputs_on_device(KernelRuntime& rt, std::vector<Tensor>& ts, DType low, const std::string& name) {
+  if (low == DType::Undefined) return;
+  for (Tensor& t : ts)
+    if (t.defined() && t.dtype() == DType::Float32) t = convert_on_device(rt, t, low, name, "mixed precision");
+}
+
 }  // namespace mpq::rt::gpu

@@ -21,4 +21,12 @@ Tensor widen_on_device(KernelRuntime& rt, const Tensor& t, const std::string& na
 // The low type of the first FP16/BF16 tensor in `ts` (defined ones), or Undefined.
 DType first_low_type(const std::vector<Tensor>& ts);
 
+// runtime/low_precision.h's rule for a node run by an FP32 plan on the device: the type its float
+// outputs are rounded back to, the first FP16/BF16 input's (Undefined: none, or a Cast, which
+// converts between the float types itself).
+DType node_low_type(const ir::Node& node, const std::vector<Tensor>& inputs);
+
+// Every FP32 tensor of `ts` rounded to `low` on the device (nothing when `low` is Undefined).
+void narrow_outputs_on_device(KernelRuntime& rt, std::vector<Tensor>& ts, DType low, const std::string& name);
+
 }  // namespace mpq::rt::gpu

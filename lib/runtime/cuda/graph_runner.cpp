@@ -181,15 +181,13 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
       // itself. A CPU fallback gets the original inputs (the CPU executor applies the same rule).
       // The CPU leaves data-movement ops (Reshape, Gather, Concat, ...) in their own type; here
       // they go through FP32 too, which gives the same values (both conversions are exact).
-      const bool is_cast = node.domain.empty() && node.op_type == "Cast";
-      const DType low = is_cast ? DType::Undefined : first_low_type(inputs);
-      auto is_low = [](DType t) { return t == DType::Float16 || t == DType::BFloat16; };
+      const DType low = node_low_type(node, inputs);
       std::vector<Tensor> wide_host(on_host.size());
       std::vector<const Tensor*> plan_on_host = on_host;
       std::vector<DType> plan_dtypes = dtypes;
       if (low != DType::Undefined)
         for (size_t i = 0; i < dtypes.size(); ++i) {
-          if (!is_low(dtypes[i])) continue;
+          if (dtypes[i] != DType::Float16 && dtypes[i] != DType::BFloat16) continue;
           plan_dtypes[i] = DType::Float32;
           plan_on_host[i] = nullptr;
           if (on_host[i] && keep_host_mirror(*on_host[i])) {
@@ -203,12 +201,9 @@ std::vector<Tensor> run_graph(const ir::Model& model, const Feeds& feeds, Kernel
         try {
           std::vector<Tensor> wide = inputs;
           if (low != DType::Undefined)
-            for (Tensor& t : wide)
-              if (t.defined() && is_low(t.dtype())) t = widen_on_device(rt, t, node.name, "mixed precision");
+            for (Tensor& t : wide) t = widen_on_device(rt, t, node.name, "mixed precision");
           outs = run_planned_node(plan, node, wide, rt);
-          if (low != DType::Undefined)
-            for (Tensor& t : outs)
-              if (t.defined() && t.dtype() == DType::Float32) t = convert_on_device(rt, t, low, node.name, "mixed precision");
+          narrow_outputs_on_device(rt, outs, low, node.name);
         } catch (const Error& e) {
           // A library that declines this problem (NOT_SUPPORTED): the CPU kernel takes it.
           if (e.kind() != ErrorKind::Unsupported) throw;

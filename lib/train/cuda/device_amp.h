@@ -11,7 +11,6 @@
 namespace mpq::train::gpu {
 
 using rt::gpu::convert_on_device;
-using rt::gpu::first_low_type;
 using rt::gpu::widen_on_device;
 
 }  // namespace mpq::train::gpu
