@@ -1,6 +1,7 @@
 #include "calib/histogram.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -40,6 +41,16 @@ bool have_avx2() {
   return ok;
 }
 
+bool have_avx512() {
+  static const bool ok = have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return ok;
+}
+#endif
+
+std::atomic<int> g_forced_binning{static_cast<int>(BinningKernel::Auto)};
+
+#ifdef MPQ_CALIB_X86
+
 __attribute__((target("avx2"))) MinMaxScan scan_avx2(const float* data, int64_t n) {
   __m256 lo0 = _mm256_set1_ps(std::numeric_limits<float>::infinity()), lo1 = lo0;
   __m256 hi0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), hi1 = hi0;
@@ -77,9 +88,10 @@ __attribute__((target("avx2"))) MinMaxScan scan_avx2(const float* data, int64_t 
 }
 #endif
 
-// ---- binning: bin index floor(x * scale) + bins, clamped to the 2*bins signed bins
+// ---- binning: bin index floor(x * scale) + bins, clamped to the 2*bins signed bins, counted into
+// kLaneCopies interleaved copies of the counters (copy c at lanes + c * 2 * bins)
 
-uint64_t bin_scalar(const float* data, int64_t n, float scale, int bins, uint64_t* counts) {
+uint64_t bin_scalar(const float* data, int64_t n, float scale, int bins, uint32_t* lanes) {
   const int nbins = 2 * bins;
   uint64_t zeros = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -89,22 +101,27 @@ uint64_t bin_scalar(const float* data, int64_t n, float scale, int bins, uint64_
     fl -= (static_cast<float>(fl) > y) ? 1 : 0;
     int idx = fl + bins;
     idx = idx < 0 ? 0 : (idx >= nbins ? nbins - 1 : idx);
-    ++counts[idx];
+    ++lanes[static_cast<size_t>(idx) + static_cast<size_t>(i % Histogram::kLaneCopies) * static_cast<size_t>(nbins)];
   }
   return zeros;
 }
 
 #ifdef MPQ_CALIB_X86
-// Bin indices are computed 8 at a time. Where all 8 land in one bin (a constant image background,
-// every feature map over it, the zeros of a ReLU) they are counted with one add: incrementing one
-// counter 8 times back to back would wait on the previous store each time.
+// Bin indices are computed 8 at a time; lane k of the vector counts into copy k % kLaneCopies, so
+// neighbouring values that land in one bin (a ReLU's zeros, a smooth feature map) increment
+// different counters: incrementing one counter back to back waits on the previous store each time.
+// Where all 8 land in one bin (a constant image background) they are counted with one add.
 __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int64_t n, float scale, int bins,
-                                                          uint64_t* counts) {
+                                                          uint32_t* lanes) {
+  static_assert(8 % Histogram::kLaneCopies == 0, "lane copies must divide the vector width");
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256 zero = _mm256_setzero_ps();
   const __m256i vbins = _mm256_set1_epi32(bins);
   const __m256i first = _mm256_setzero_si256();
   const __m256i last = _mm256_set1_epi32(2 * bins - 1);
+  alignas(32) int32_t offsets[8];
+  for (int k = 0; k < 8; ++k) offsets[k] = (k % Histogram::kLaneCopies) * 2 * bins;
+  const __m256i voffsets = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
   uint64_t zeros = 0;
   int64_t i = 0;
   alignas(32) int32_t lane[8];
@@ -115,21 +132,169 @@ __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int6
     zeros += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_EQ_OQ)))));
     const __m256i lane0 = _mm256_permutevar8x32_epi32(b, first);
     if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(b, lane0)) == -1) {
-      counts[_mm256_cvtsi256_si32(b)] += 8;
+      lanes[_mm256_cvtsi256_si32(b)] += 8;
       continue;
     }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lane), b);
-    for (int k = 0; k < 8; ++k) ++counts[lane[k]];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lane), _mm256_add_epi32(b, voffsets));
+    for (int k = 0; k < 8; ++k) ++lanes[lane[k]];
   }
-  return zeros + bin_scalar(data + i, n - i, scale, bins, counts);
+  return zeros + bin_scalar(data + i, n - i, scale, bins, lanes);
 }
 #endif
 
-uint64_t bin_values(const float* data, int64_t n, float scale, int bins, uint64_t* counts) {
+// Values per round: AVX-512 stages this many bin indices (4 KiB, stays in L1) before counting them,
+// and add_scanned() scans and bins a tensor this many values at a time.
+constexpr int64_t kStage = 1024;
+
 #ifdef MPQ_CALIB_X86
-  if (have_avx2()) return bin_avx2(data, n, scale, bins, counts);
+// Counts staged bin indices, consecutive entries into different lane copies.
+void count_staged(const int32_t* stage, int m, int bins, uint32_t* lanes) {
+  static_assert(Histogram::kLaneCopies == 4, "the counting loop is unrolled for 4 lane copies");
+  const size_t nbins = static_cast<size_t>(2 * bins);
+  uint32_t* copy0 = lanes;
+  uint32_t* copy1 = lanes + nbins;
+  uint32_t* copy2 = lanes + 2 * nbins;
+  uint32_t* copy3 = lanes + 3 * nbins;
+  int j = 0;
+  for (; j + 4 <= m; j += 4) {
+    ++copy0[stage[j]];
+    ++copy1[stage[j + 1]];
+    ++copy2[stage[j + 2]];
+    ++copy3[stage[j + 3]];
+  }
+  for (; j < m; ++j) ++copy0[stage[j]];
+}
+
+// Bin indices of data[0, n) (n <= kStage), 16 at a time; those of non-zero values are packed
+// (vpcompressd) into `stage`, to be counted by count_staged(), a branch-free loop; the zeros (often
+// half of the values: ReLU outputs, image backgrounds) are only counted, and added to the centre
+// bin at once. No data-dependent branch and about half the increments. The last partial vector
+// is masked. Also returns per-lane min/max and whether any value was NaN or inf (then the staged
+// indices are meaningless).
+struct StagedRound {
+  int staged = 0;
+  uint64_t zeros = 0;
+  alignas(64) float lo[16];
+  alignas(64) float hi[16];
+  bool all_finite = true;
+};
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized reports
+// inside the intrinsic headers (a known false positive); silenced for this function only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Not inlined, and called only from code built for the baseline ISA: it ends every use of the
+// 512-bit registers with its own vzeroupper. GCC 12 did not place one on every path out of the
+// inlined version (the reductions of min/max ran after it), and the dirty upper halves made
+// every SSE instruction that ran later on the thread slow: the entropy search after calibration
+// took 10x as long.
+__attribute__((target("avx512f,avx512vl,avx2,popcnt"), noinline)) void stage_avx512(const float* data, int64_t n,
+                                                                                    float scale, int bins,
+                                                                                    int32_t* stage, StagedRound* r) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512i vbins = _mm512_set1_epi32(bins);
+  const __m512i first = _mm512_setzero_si512();
+  const __m512i last = _mm512_set1_epi32(2 * bins - 1);
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  __m512 lo = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __m512 hi = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  int staged = 0;
+  uint64_t zeros = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 valid = n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(valid, data + i);
+    lo = _mm512_mask_min_ps(lo, valid, lo, v);
+    hi = _mm512_mask_max_ps(hi, valid, hi, v);
+    bad |= _mm512_mask_cmpeq_epi32_mask(valid, _mm512_and_si512(_mm512_castps_si512(v), exponent), exponent);
+    const __mmask16 nonzero = _mm512_mask_cmp_ps_mask(valid, v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    const __m512 y = _mm512_roundscale_ps(_mm512_mul_ps(v, vscale), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512i b = _mm512_cvttps_epi32(y);
+    b = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(b, vbins), first), last);
+    // A full store past the staged count is fine: the buffer has 16 spare entries and the next
+    // store starts at the new count.
+    _mm512_storeu_si512(stage + staged, _mm512_maskz_compress_epi32(nonzero, b));
+    const int kept = __builtin_popcount(static_cast<unsigned>(nonzero));
+    staged += kept;
+    zeros += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned>(valid)) - kept);
+  }
+  _mm512_store_ps(r->lo, lo);
+  _mm512_store_ps(r->hi, hi);
+  r->staged = staged;
+  r->zeros = zeros;
+  r->all_finite = bad == 0;
+  asm volatile("vzeroupper" ::: "memory");
+}
+#pragma GCC diagnostic pop
+
+uint64_t bin_avx512(const float* data, int64_t n, float scale, int bins, uint32_t* lanes) {
+  alignas(64) int32_t stage[kStage + 16];
+  StagedRound r;
+  uint64_t zeros = 0;
+  for (int64_t i = 0; i < n; i += kStage) {
+    stage_avx512(data + i, std::min(kStage, n - i), scale, bins, stage, &r);
+    count_staged(stage, r.staged, bins, lanes);
+    zeros += r.zeros;
+  }
+  // Exact zeros, +0 and -0, fall in bin floor(0 * scale) + bins = bins.
+  lanes[bins] += static_cast<uint32_t>(zeros);
+  return zeros;
+}
+
+// Scans and bins data[0, n) (n <= kStage) in one pass, with the range fixed in advance: the
+// indices are staged first and counted only when every value was finite and |x| < limit, else
+// nothing is counted and the caller scans and widens first.
+bool scan_and_bin_avx512(const float* data, int64_t n, float scale, int bins, float limit, uint32_t* lanes,
+                         uint64_t* zeros, MinMaxScan* scan) {
+  alignas(64) int32_t stage[kStage + 16];
+  StagedRound r;
+  stage_avx512(data, n, scale, bins, stage, &r);
+  if (!r.all_finite) return false;
+  float lo = r.lo[0], hi = r.hi[0];
+  for (int k = 1; k < 16; ++k) {
+    lo = std::min(lo, r.lo[k]);
+    hi = std::max(hi, r.hi[k]);
+  }
+  if (std::max(std::fabs(lo), std::fabs(hi)) >= limit) return false;
+  count_staged(stage, r.staged, bins, lanes);
+  lanes[bins] += static_cast<uint32_t>(r.zeros);
+  *zeros = r.zeros;
+  scan->lo = lo;
+  scan->hi = hi;
+  return true;
+}
 #endif
-  return bin_scalar(data, n, scale, bins, counts);
+
+uint64_t bin_values(const float* data, int64_t n, float scale, int bins, uint32_t* lanes) {
+  const auto forced = static_cast<BinningKernel>(g_forced_binning.load(std::memory_order_relaxed));
+#ifdef MPQ_CALIB_X86
+  if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
+    return bin_avx512(data, n, scale, bins, lanes);
+  if (forced != BinningKernel::Scalar && have_avx2()) return bin_avx2(data, n, scale, bins, lanes);
+#endif
+  (void)forced;
+  return bin_scalar(data, n, scale, bins, lanes);
+}
+
+// One pass of scan and binning over at most kStage values when the CPU has AVX-512 (see
+// scan_and_bin_avx512); false when it did nothing.
+bool scan_and_bin(const float* data, int64_t n, float scale, int bins, float limit, uint32_t* lanes, uint64_t* zeros,
+                  MinMaxScan* scan) {
+#ifdef MPQ_CALIB_X86
+  const auto forced = static_cast<BinningKernel>(g_forced_binning.load(std::memory_order_relaxed));
+  if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
+    return scan_and_bin_avx512(data, n, scale, bins, limit, lanes, zeros, scan);
+#endif
+  (void)data, (void)n, (void)scale, (void)bins, (void)limit, (void)lanes, (void)zeros, (void)scan;
+  return false;
+}
+
+// Adds the lane copies into 64-bit counts and clears them.
+void fold_lanes(uint32_t* lanes, int64_t nbins, uint64_t* counts) {
+  for (int c = 0; c < Histogram::kLaneCopies; ++c) {
+    uint32_t* copy = lanes + c * nbins;
+    for (int64_t j = 0; j < nbins; ++j) counts[j] += copy[j];
+    std::fill(copy, copy + nbins, 0u);
+  }
 }
 
 // Chunks for splitting one tensor over a pool: below this, thread hand-off costs more than it saves.
@@ -141,6 +306,15 @@ int64_t chunk_count(const rt::ThreadPool* pool, int64_t n) {
 }
 
 }  // namespace
+
+BinningKernel force_binning_kernel(BinningKernel kernel) {
+  g_forced_binning.store(static_cast<int>(kernel), std::memory_order_relaxed);
+#ifdef MPQ_CALIB_X86
+  if ((kernel == BinningKernel::Auto || kernel == BinningKernel::Avx512) && have_avx512()) return BinningKernel::Avx512;
+  if (kernel != BinningKernel::Scalar && have_avx2()) return BinningKernel::Avx2;
+#endif
+  return BinningKernel::Scalar;
+}
 
 MinMaxScan scan_min_max(const float* data, int64_t n) {
 #ifdef MPQ_CALIB_X86
@@ -177,6 +351,7 @@ void Histogram::widen_to(double max_abs) {
     zeros_before_range_ = 0;
     return;
   }
+  fold();
   while (range_ < max_abs) {
     // Double R: the old [-R, R) occupies the middle half; pairs of old bins merge into one.
     std::vector<uint64_t> merged(counts_.size(), 0);
@@ -200,34 +375,75 @@ bool Histogram::prepare(int64_t n, float max_abs) {
   return true;
 }
 
+uint32_t* Histogram::lanes_for(int64_t n) {
+  if (lanes_.empty()) lanes_.assign(static_cast<size_t>(kLaneCopies) * counts_.size(), 0u);
+  if (pending_ + static_cast<uint64_t>(n) > std::numeric_limits<uint32_t>::max()) fold();
+  pending_ += static_cast<uint64_t>(n);
+  return lanes_.data();
+}
+
+void Histogram::fold() const {
+  if (pending_ == 0) return;
+  fold_lanes(lanes_.data(), static_cast<int64_t>(counts_.size()), counts_.data());
+  pending_ = 0;
+}
+
 void Histogram::add(const float* data, int64_t n, float max_abs) {
   if (!prepare(n, max_abs)) return;
   // bins / R is a power of two, so x * scale is exact and its floor is the exact bin offset from
   // the centre: this matches add_ref() bit for bit.
-  exact_zeros_ += bin_values(data, n, static_cast<float>(bins_ / range_), bins_, counts_.data());
+  const float scale = static_cast<float>(bins_ / range_);
+  constexpr int64_t kPiece = int64_t{1} << 31;  // a 32-bit lane copy holds any one piece
+  for (int64_t begin = 0; begin < n; begin += kPiece) {
+    const int64_t len = std::min(kPiece, n - begin);
+    exact_zeros_ += bin_values(data + begin, len, scale, bins_, lanes_for(len));
+  }
+}
+
+int64_t Histogram::add_scanned(const float* data, int64_t n, MinMaxScan& scan) {
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t len = std::min(kStage, n - done);
+    const float* round = data + done;
+    MinMaxScan r;
+    uint64_t zeros = 0;
+    // Once a range exists, most rounds fit it: then one pass does both (AVX-512).
+    if (range_ > 0.0 && scan_and_bin(round, len, static_cast<float>(bins_ / range_), bins_, static_cast<float>(range_),
+                                     lanes_for(len), &zeros, &r)) {
+      total_ += static_cast<uint64_t>(len);
+      exact_zeros_ += zeros;
+    } else {
+      r = scan_min_max(round, len);
+      if (!r.all_finite) break;
+      add(round, len, std::max(std::fabs(r.lo), std::fabs(r.hi)));
+    }
+    scan.lo = std::min(scan.lo, r.lo);
+    scan.hi = std::max(scan.hi, r.hi);
+    done += len;
+  }
+  return done;
 }
 
 void Histogram::add_parallel(const float* data, int64_t n, float max_abs, rt::ThreadPool& pool) {
   const int64_t chunks = chunk_count(&pool, n);
-  if (chunks <= 1) return add(data, n, max_abs);
+  if (chunks <= 1 || n > std::numeric_limits<uint32_t>::max()) return add(data, n, max_abs);
   if (!prepare(n, max_abs)) return;
   const float scale = static_cast<float>(bins_ / range_);
-  const size_t nbins = counts_.size();
-  // Chunk 0 bins straight into the histogram; the others into their own counts, summed after.
-  std::vector<uint64_t> local(static_cast<size_t>(chunks - 1) * nbins, 0);
+  const int64_t nbins = static_cast<int64_t>(counts_.size());
+  const size_t lane_size = static_cast<size_t>(kLaneCopies * nbins);
+  // Chunk 0 bins straight into the histogram's lanes; the others into their own, folded after.
+  uint32_t* own = lanes_for(n);
+  std::vector<uint32_t> local(static_cast<size_t>(chunks - 1) * lane_size, 0u);
   std::vector<uint64_t> zeros(static_cast<size_t>(chunks), 0);
   const int64_t per = (n + chunks - 1) / chunks;
   pool.parallel_for(chunks, 1, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) {
       const int64_t begin = k * per, len = std::min(n, begin + per) - begin;
-      uint64_t* out = k == 0 ? counts_.data() : local.data() + static_cast<size_t>(k - 1) * nbins;
+      uint32_t* out = k == 0 ? own : local.data() + static_cast<size_t>(k - 1) * lane_size;
       zeros[static_cast<size_t>(k)] = bin_values(data + begin, len, scale, bins_, out);
     }
   });
-  for (int64_t k = 1; k < chunks; ++k) {
-    const uint64_t* src = local.data() + static_cast<size_t>(k - 1) * nbins;
-    for (size_t j = 0; j < nbins; ++j) counts_[j] += src[j];
-  }
+  for (int64_t k = 1; k < chunks; ++k) fold_lanes(local.data() + static_cast<size_t>(k - 1) * lane_size, nbins, counts_.data());
   for (uint64_t z : zeros) exact_zeros_ += z;
 }
 
@@ -249,6 +465,7 @@ void Histogram::add_ref(const float* data, int64_t n) {
 }
 
 std::vector<uint64_t> Histogram::abs_counts(bool skip_zeros) const {
+  fold();
   std::vector<uint64_t> out(static_cast<size_t>(bins_), 0);
   for (int j = 0; j < bins_; ++j)
     out[static_cast<size_t>(j)] = counts_[static_cast<size_t>(bins_ + j)] + counts_[static_cast<size_t>(bins_ - 1 - j)];
@@ -261,6 +478,18 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
   if (n <= 0) return;
   const int64_t chunks = chunk_count(pool, n);
   MinMaxScan s;
+  if (chunks <= 1 && has_histogram) {
+    // One pass in L1-sized rounds; a round with NaN or inf and everything after it take the
+    // counting path. Stats are sums over values, so splitting the tensor there changes nothing.
+    const int64_t done = histogram.add_scanned(data, n, s);
+    if (done > 0) {
+      min = std::min(min, static_cast<double>(s.lo == 0.0f ? 0.0f : s.lo));  // -0 recorded as +0
+      max = std::max(max, static_cast<double>(s.hi == 0.0f ? 0.0f : s.hi));
+      count += static_cast<uint64_t>(done);
+    }
+    if (done < n) add_with_nonfinite(data + done, n - done);
+    return;
+  }
   if (chunks > 1) {
     std::vector<MinMaxScan> parts(static_cast<size_t>(chunks));
     const int64_t per = (n + chunks - 1) / chunks;
@@ -285,13 +514,8 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
   min = std::min(min, static_cast<double>(s.lo));
   max = std::max(max, static_cast<double>(s.hi));
   count += static_cast<uint64_t>(n);
-  if (!has_histogram) return;
-  const float max_abs = std::max(std::fabs(s.lo), std::fabs(s.hi));
-  if (chunks > 1) {
-    histogram.add_parallel(data, n, max_abs, *pool);
-  } else {
-    histogram.add(data, n, max_abs);
-  }
+  if (!has_histogram) return;  // (with a histogram, a single chunk took add_scanned above)
+  histogram.add_parallel(data, n, std::max(std::fabs(s.lo), std::fabs(s.hi)), *pool);
 }
 
 void TensorStats::add_with_nonfinite(const float* data, int64_t n) {

@@ -115,7 +115,22 @@ TEST_CASE("vectorized min/max scan agrees with its reference on odd lengths and 
   }
 }
 
+namespace {
+
+// Forces one binning kernel for a test's lifetime; reports the one that runs.
+struct ForcedBinning {
+  explicit ForcedBinning(BinningKernel k) : running(force_binning_kernel(k)) {}
+  ~ForcedBinning() { force_binning_kernel(BinningKernel::Auto); }
+  BinningKernel running;
+};
+
+}  // namespace
+
 TEST_CASE("fast and pooled statistics equal the scalar reference bit for bit", "[calib][histogram]") {
+  // Every kernel this CPU has: AVX-512 (packed non-zero indices), AVX2, scalar.
+  const BinningKernel wanted = GENERATE(BinningKernel::Avx512, BinningKernel::Avx2, BinningKernel::Scalar);
+  ForcedBinning forced(wanted);
+  if (forced.running != wanted) WARN("this CPU lacks binning kernel " << static_cast<int>(wanted) << "; the next narrower one runs");
   rt::ThreadPool pool(3);
   for (size_t n : {size_t{1}, size_t{9}, size_t{4099}, size_t{300007}}) {
     std::vector<float> v = activation_like(n, static_cast<uint32_t>(n));
@@ -142,6 +157,25 @@ TEST_CASE("fast and pooled statistics equal the scalar reference bit for bit", "
     require_same_stats(pooled, ref);
     CHECK(pooled.nan_count == 1);
     CHECK(pooled.inf_count == 1);
+  }
+  SECTION("single-thread adds scan and bin in rounds; a NaN or inf past the first rounds splits them") {
+    // 9000 values: the rounds before the bad value are binned as scanned, the rest is counted. The
+    // second array widens the range in its last round.
+    for (size_t bad_at : {size_t{0}, size_t{2047}, size_t{2048}, size_t{6001}, size_t{8999}}) {
+      std::vector<float> v = activation_like(9000, 4);
+      v[bad_at] = bad_at % 2 ? -INFINITY : NAN;
+      std::vector<float> w = activation_like(9000, 5);
+      w[8990] = 1000.0f;
+      TensorStats ref(true), fast(true);
+      for (const auto* x : {&w, &v, &w}) {
+        ref.add_ref(x->data(), static_cast<int64_t>(x->size()));
+        fast.add(x->data(), static_cast<int64_t>(x->size()));
+      }
+      INFO("bad value at " << bad_at);
+      require_same_stats(fast, ref);
+      CHECK(fast.nan_count + fast.inf_count == 1);
+      CHECK(fast.count == 3 * 9000 - 1);
+    }
   }
 }
 
