@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "passes/fuse_conv_activation.h"
 #include "runtime/cpu/channel_blocks.h"
+#include "runtime/cpu/fake_quant.h"
 
 namespace mpq::passes {
 
@@ -23,16 +24,32 @@ bool blockable_conv(const ir::Node& n) {
 
 int64_t output_channels(const ir::Node& conv) { return constant_value(conv.input(1))->dim(0); }
 
-// Whether the output of `producer` may stay blocked: every reader is a blockable convolution taking
-// it as X (input 0) or Z (input 3), and nothing else (graph output, subgraph) sees it.
-bool blockable_edge(const ir::Model& model, const ir::Node& producer) {
-  const ir::Value* v = producer.output(0);
+// An element-wise node with one scale for the whole tensor (mpq::FakeQuant, which `mpq run` makes
+// of a QDQ model's activation QuantizeLinear -> DequantizeLinear pairs): it computes the same values
+// whatever the order of the elements, so a blocked tensor may flow through it.
+bool layout_transparent(const ir::Node& n) {
+  if (n.domain != rt::cpu::kFakeQuantDomain || n.op_type != rt::cpu::kFakeQuantOp) return false;
+  if (n.num_outputs() != 1 || n.num_inputs() < 2) return false;
+  const Tensor* scale = constant_value(n.input(1));
+  const Tensor* zero_point = n.num_inputs() > 2 && n.input(2) ? constant_value(n.input(2)) : nullptr;
+  return scale && scale->numel() == 1 && (n.num_inputs() < 3 || !n.input(2) || (zero_point && zero_point->numel() == 1));
+}
+
+// Collects the convolutions that read `v`, directly or through layout-transparent nodes, with the
+// input they read it as; false when something else sees `v` or a value on the way: another op, a
+// graph output, a subgraph, or a convolution input other than X (0) or Z (3).
+bool blockable_readers(const ir::Model& model, const ir::Value* v, std::vector<ir::Use>& convs) {
   if (!v || v->is_graph_output() || v->uses().empty()) return false;
   if (v->type.is_tensor() && v->type.elem != DType::Undefined && v->type.elem != DType::Float32) return false;
   if (consumer_count(model, v) != v->uses().size()) return false;  // read inside a subgraph
   for (const ir::Use& u : v->uses()) {
+    if (u.input_index == 0 && layout_transparent(*u.node)) {
+      if (!blockable_readers(model, u.node->output(0), convs)) return false;
+      continue;
+    }
     if (!blockable_conv(*u.node)) return false;
     if (u.input_index != 0 && !(u.input_index == 3 && is_fused_conv(*u.node))) return false;
+    convs.push_back(u);
   }
   return true;
 }
@@ -44,9 +61,15 @@ PassStats BlockConvLayout::run(ir::Model& model) {
   if (block_ != 8 && block_ != 16) throw Error(ErrorKind::Internal, fmt::format("block_conv_layout: block {}", block_));
   // Decide every edge on the graph as written, then rewrite. An edge is named by its producer.
   std::vector<ir::Node*> producers;
-  for (const auto& node : model.graph->nodes())
-    if (blockable_conv(*node) && blockable_edge(model, *node) && (channels_last_ || output_channels(*node) % block_ == 0))
+  std::vector<std::vector<ir::Use>> readers;  // per producer: the convolutions its tensor reaches
+  for (const auto& node : model.graph->nodes()) {
+    std::vector<ir::Use> convs;
+    if (blockable_conv(*node) && (channels_last_ || output_channels(*node) % block_ == 0) &&
+        blockable_readers(model, node->output(0), convs)) {
       producers.push_back(node.get());
+      readers.push_back(std::move(convs));
+    }
+  }
   // A convolution reads and writes its kept tensors in one layout family: oneDNN's direct kernels
   // take nChw16c in and out, or NHWC in and out, not one of each (mixed, they fall back to mpq's
   // kernels with conversions). So the edges that meet at a convolution (its X, its Z, its Y) form
@@ -65,7 +88,7 @@ PassStats BlockConvLayout::run(ir::Model& model) {
   };
   for (size_t e = 0; e < producers.size(); ++e) {
     meet(producers[e], e);
-    for (const ir::Use& u : producers[e]->output(0)->uses()) meet(u.node, e);
+    for (const ir::Use& u : readers[e]) meet(u.node, e);
   }
   std::vector<char> channels_last(producers.size(), 0);
   for (size_t e = 0; e < producers.size(); ++e)
@@ -77,14 +100,14 @@ PassStats BlockConvLayout::run(ir::Model& model) {
     const int64_t block = channels_last[find(e)] ? rt::cpu::kChannelsLast : block_;
     if (!is_fused_conv(*p)) make_fused_conv(model, *p);
     p->set_attr(ir::Attribute::make_int("y_block", block));
-    for (const ir::Use& u : v->uses()) {
+    for (const ir::Use& u : readers[e]) {
       if (!is_fused_conv(*u.node)) make_fused_conv(model, *u.node);
       u.node->set_attr(ir::Attribute::make_int(u.input_index == 0 ? "x_block" : "z_block", block));
     }
     ++stats.changed;
-    stats.notes.push_back(fmt::format("{} stays {} from {} to {} reader(s)", v->name(),
+    stats.notes.push_back(fmt::format("{} stays {} from {} to {} convolution(s)", v->name(),
                                       block == block_ ? fmt::format("in {}-channel blocks", block_) : std::string("channels-last (NHWC)"),
-                                      p->label(), v->uses().size()));
+                                      p->label(), readers[e].size()));
   }
   return stats;
 }

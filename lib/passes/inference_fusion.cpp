@@ -11,6 +11,7 @@
 #include "passes/fuse_gelu.h"
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
+#include "passes/fuse_qdq_pair.h"
 #include "passes/pass.h"
 #include "passes/quant_placement.h"
 #include "runtime/devices.h"
@@ -29,16 +30,23 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
     if (ir::Value* v = g.find(name); v && !v->is_graph_output()) g.add_output(v);
 
   FoldConstants fold;
+  // A QDQ model's weights and biases are DequantizeLinear of int8/int32 initializers. Evaluated
+  // here once (the same kernel, so the same values), they become float initializers: the
+  // convolution then packs its weights once per plan instead of dequantizing and reordering them
+  // on every run, and Conv + Relu/Add fuse as in a float model. Activation Q/DQ stay.
+  fold.keep = {"QuantizeLinear"};
   // Float32 convolutions only: low-precision nodes run exactly as written, rounding included.
   FuseConvBn fuse_bn(/*float32_only=*/true);
   FuseConvActivation fuse_act;
   FuseLayerNorm fuse_ln;
   FuseGelu fuse_gelu;
   FuseMatMulBias fuse_matmul_bias;
+  FuseQdqPair fuse_qdq;
   std::vector<Pass*> pipeline = {&fold, &fuse_bn};
   // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
-  if (backend == rt::BackendKind::CPU) pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias});
+  if (backend == rt::BackendKind::CPU)
+    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq});
   std::vector<std::string> notes;
   for (Pass* pass : pipeline)
     for (std::string& note : run_pass(*pass, model).notes) notes.push_back(std::move(note));

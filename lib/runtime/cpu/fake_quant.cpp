@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "runtime/cpu/common.h"
+#include "runtime/cpu/quant_internal.h"
 #include "runtime/cpu/register_all.h"
 
 namespace mpq::rt::cpu {
@@ -47,25 +48,44 @@ FakeQuantLayout fake_quant_layout(const ir::Node& node, const Shape& x, const Te
   return l;
 }
 
+namespace {
+
+// y = DequantizeLinear(QuantizeLinear(x)) computed as quantize_run and dequantize_run compute the
+// pair (quant_internal.h): v = x / s, NaN to 0, clamped to [qmin - zp, qmax - zp] (integers, so
+// clamping before rounding equals clamping after), rounded half to even, times s. No libm call,
+// so the loop vectorizes.
+void fake_quantize_run(const float* __restrict x, int64_t n, float s, float lo, float hi, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] / s;
+    v = v != v ? 0.0f : v;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    v = (v + quant::kRoundMagic) - quant::kRoundMagic;
+    y[i] = v * s;
+  }
+}
+
+}  // namespace
+
 void fake_quantize(ThreadPool& pool, const FakeQuantLayout& l, const float* x, float* y) {
+  constexpr int64_t kGrain = 16384;  // elements per chunk: below it a second thread costs more than it saves
+  auto bounds = [&](size_t c) {
+    const float zp = static_cast<float>(l.zero_point[c]);
+    return std::pair<float, float>{static_cast<float>(l.qmin) - zp, static_cast<float>(l.qmax) - zp};
+  };
+  if (l.channels == 1) {
+    const auto [lo, hi] = bounds(0);
+    const float s = l.scale[0];
+    const int64_t n = l.outer * l.inner;
+    pool.parallel_for(n, kGrain, [&](int64_t b, int64_t e) { fake_quantize_run(x + b, e - b, s, lo, hi, y + b); });
+    return;
+  }
   const int64_t runs = l.outer * l.channels;
-  pool.parallel_for(runs, std::max<int64_t>(1, 16384 / std::max<int64_t>(l.inner, 1)), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
+  pool.parallel_for(runs, std::max<int64_t>(1, kGrain / std::max<int64_t>(l.inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
       const size_t c = static_cast<size_t>(r % l.channels);
-      const float s = l.scale[c];
-      const float zp = static_cast<float>(l.zero_point[c]);
-      const float lo_q = static_cast<float>(l.qmin), hi_q = static_cast<float>(l.qmax);
-      const float* xr = x + r * l.inner;
-      float* yr = y + r * l.inner;
-      for (int64_t i = 0; i < l.inner; ++i) {
-        // nearbyint rounds half to even in the default rounding mode, as round_half_to_even does;
-        // int8/uint8 ranges and their zero points are exact in float.
-        float q = std::nearbyint(xr[i] / s) + zp;
-        q = q < lo_q ? lo_q : q;
-        q = q > hi_q ? hi_q : q;
-        if (q != q) q = zp;  // NaN quantizes to the zero point
-        yr[i] = (q - zp) * s;
-      }
+      const auto [lo, hi] = bounds(c);
+      fake_quantize_run(x + r * l.inner, l.inner, l.scale[c], lo, hi, y + r * l.inner);
     }
   });
 }
