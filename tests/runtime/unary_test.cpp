@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "runtime/cpu/unary.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 
@@ -143,6 +145,37 @@ TEST_CASE("unary float32 ops match double references", "[unary]") {
       REQUIRE(y.shape() == shape);
       // The reference sees the float32 input; the kernel's float32 result must be within 2e-6.
       check_close(y, apply_ref(x, c.ref), 2e-6, 1e-6, c.op + " on " + shape_str(shape));
+    }
+  }
+}
+
+TEST_CASE("unary float32 ops give the same bits built for SSE2, AVX2 and AVX-512", "[unary]") {
+  // Every float case on an odd length (vector bodies and scalar tails) with special values; the
+  // AVX-512 build must not contract into FMA or take another path (unary.cpp). NaN results only
+  // need to be NaN: their sign bit may differ between builds.
+  struct Reset {
+    ~Reset() { rt::cpu::force_unary_isa(rt::cpu::UnaryIsa::Auto); }
+  } reset;
+  uint32_t seed = 300;
+  for (const FloatCase& c : float_cases()) {
+    const Tensor x = test_input({1037}, seed++, c.lo, c.hi, true);
+    std::vector<Tensor> outs;
+    for (const auto isa : {rt::cpu::UnaryIsa::Baseline, rt::cpu::UnaryIsa::Avx2, rt::cpu::UnaryIsa::Avx512}) {
+      if (rt::cpu::force_unary_isa(isa) != isa) WARN("this CPU lacks unary ISA " << static_cast<int>(isa));
+      outs.push_back(run1(c.op, {x}, c.attrs, c.opset));
+    }
+    INFO(c.op);
+    for (size_t k = 1; k < outs.size(); ++k) {
+      REQUIRE(outs[k].numel() == outs[0].numel());
+      int64_t first_diff = -1;
+      for (int64_t i = 0; i < outs[0].numel() && first_diff < 0; ++i)
+        if (std::memcmp(outs[k].data<float>() + i, outs[0].data<float>() + i, 4) != 0 &&
+            !(std::isnan(outs[k].data<float>()[i]) && std::isnan(outs[0].data<float>()[i])))  // a NaN's sign is free
+          first_diff = i;
+      INFO("ISA " << k << " differs first at " << first_diff << ": x = " << (first_diff >= 0 ? x.data<float>()[first_diff] : 0.0f)
+                  << ", " << (first_diff >= 0 ? outs[k].data<float>()[first_diff] : 0.0f) << " vs "
+                  << (first_diff >= 0 ? outs[0].data<float>()[first_diff] : 0.0f));
+      CHECK(first_diff == -1);
     }
   }
 }

@@ -3,6 +3,7 @@
 //
 // Each op is a small functor: constructed from the node's attributes, applied per element. The
 // float32 path uses the vectorisable approximations of math_util.h; float64 uses libm.
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -10,6 +11,7 @@
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/register_all.h"
+#include "runtime/cpu/unary.h"
 
 namespace mpq::rt::cpu {
 
@@ -62,11 +64,26 @@ __attribute__((target("avx2"))) void map_range_avx2(const TI* in, TO* out, int64
   for (int64_t i = lo; i < hi; ++i) out[i] = local(in[i]);
 }
 
+// And for AVX-512 (16 floats per vector). This file is compiled with -ffp-contract=off, so no
+// product and sum are contracted into an FMA here either: the three builds give the same bits.
+template <typename TI, typename TO, typename F>
+__attribute__((target("avx512f"))) void map_range_avx512(const TI* in, TO* out, int64_t lo, int64_t hi, const F& f) {
+  const F local = f;
+  for (int64_t i = lo; i < hi; ++i) out[i] = local(in[i]);
+}
+
 bool cpu_has_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2");
   return ok;
 }
+
+bool cpu_has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+}
 #endif
+
+std::atomic<int> g_forced_isa{static_cast<int>(UnaryIsa::Auto)};
 
 // Elements per chunk of a parallel loop: 16384 for ops of a few cycles per element; 2048 for the
 // transcendental ones (kCostly: an exp, erf or log per element, 1-4 ns here), whose tensors in
@@ -80,9 +97,12 @@ constexpr int64_t elems_per_chunk() {
 
 template <typename TI, typename TO, typename F>
 void map_elems(ThreadPool& pool, const TI* in, TO* out, int64_t n, const F& f, int64_t grain = 16384) {
+  const auto forced = static_cast<UnaryIsa>(g_forced_isa.load(std::memory_order_relaxed));
   pool.parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (cpu_has_avx2()) return map_range_avx2(in, out, lo, hi, f);
+    if ((forced == UnaryIsa::Auto || forced == UnaryIsa::Avx512) && cpu_has_avx512())
+      return map_range_avx512(in, out, lo, hi, f);
+    if (forced != UnaryIsa::Baseline && cpu_has_avx2()) return map_range_avx2(in, out, lo, hi, f);
 #endif
     map_range(in, out, lo, hi, f);
   });
@@ -551,6 +571,15 @@ void prelu_kernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+UnaryIsa force_unary_isa(UnaryIsa isa) {
+  g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+#if defined(__x86_64__) && defined(__GNUC__)
+  if ((isa == UnaryIsa::Auto || isa == UnaryIsa::Avx512) && cpu_has_avx512()) return UnaryIsa::Avx512;
+  if (isa != UnaryIsa::Baseline && cpu_has_avx2()) return UnaryIsa::Avx2;
+#endif
+  return UnaryIsa::Baseline;
+}
 
 void register_unary(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;

@@ -1,0 +1,15 @@
+#pragma once
+// Element-wise unary kernels (unary.cpp). Each runs one loop compiled three times: for the
+// baseline ISA (SSE2), AVX2 and AVX-512, picked at run time; the three give the same bits (no FMA
+// contraction in that file; a NaN result may differ in its sign bit), which tests check by
+// forcing each.
+
+namespace mpq::rt::cpu {
+
+enum class UnaryIsa { Auto, Avx512, Avx2, Baseline };
+
+// For tests: makes the element-wise unary kernels use `isa` (or the next narrower one this CPU
+// has) from now on, process-wide; returns the one that will run. Auto restores the default.
+UnaryIsa force_unary_isa(UnaryIsa isa);
+
+}  // namespace mpq::rt::cpu
