@@ -3,10 +3,13 @@
 // float32 / float64 / integer types; malformed nodes rejected.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/executor.h"
 #include "test_util.h"
@@ -187,4 +190,83 @@ TEST_CASE("MatMul rejects malformed nodes", "[matmul][negative]") {
   CHECK_THROWS_AS(run_node("MatMul", {Tensor::scalar<float>(1.0f), test::random_tensor({1, 2}, 2)}, {}), Error);
   CHECK_THROWS_AS(run_node("MatMul", {test::random_tensor({3, 4}, 1), test::random_tensor({4, 2}, 2).cast_to(DType::Float64)}, {}),
                   Error);
+}
+
+namespace {
+
+// mpq::MatMulBias with B and the bias as initializers (as passes/fuse_matmul_bias leaves them), run
+// twice by one executor (the second run reuses the packed B).
+std::vector<Tensor> run_matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, int threads) {
+  ir::Model m;
+  m.set_opset("", 17);
+  m.set_opset("mpq", 1);
+  ir::Graph& g = *m.graph;
+  ir::Value* av = g.add_value("a", ir::ValueType::tensor(DType::Float32, a.shape()));
+  g.add_input(av);
+  ir::Value* bv = g.add_initializer("b", b);
+  ir::Value* cv = g.add_initializer("bias", bias);
+  ir::Value* y = g.add_value("y");
+  g.add_output(y);
+  g.add_node("MatMulBias", {av, bv, cv}, {y}, "mm", "mpq");
+  rt::ExecOptions o;
+  o.threads = threads;
+  rt::Executor ex(m, o);
+  std::vector<Tensor> outs;
+  for (int run = 0; run < 2; ++run) outs.push_back(ex.run({{"a", a}}).at(0));
+  return outs;
+}
+
+// Y = A B + bias in float64.
+std::vector<double> matmul_bias_ref(const Tensor& a, const Tensor& b, const Tensor& bias) {
+  const int64_t K = b.dim(0), N = b.dim(1), M = a.numel() / K;
+  std::vector<double> y(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = bias.get_double(bias.numel() == 1 ? 0 : j);
+      for (int64_t k = 0; k < K; ++k) s += a.get_double(i * K + k) * b.get_double(k * N + j);
+      y[static_cast<size_t>(i * N + j)] = s;
+    }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("mpq::MatMulBias with constant B: oneDNN (packed once) and OpenBLAS match a float64 reference",
+          "[matmul][onednn]") {
+  struct Case {
+    Shape a;
+    int64_t n;
+    bool scalar_bias;
+    bool onednn;  // large enough for oneDNN, per-column bias
+  };
+  const std::vector<Case> cases = {{{8, 16, 64}, 192, false, true},   // a transformer's QKV projection at batch 8
+                                   {{3, 37, 71}, 95, false, true},    // odd sizes
+                                   {{111, 128}, 64, true, false},     // one bias for all: OpenBLAS
+                                   {{4, 8}, 8, false, false}};        // too small to pay: OpenBLAS
+  uint32_t seed = 40;
+  for (const Case& c : cases)
+    for (const int threads : {1, 2}) {
+      INFO("A " << shape_str(c.a) << ", N " << c.n << ", " << threads << " thread(s)");
+      const int64_t K = c.a.back();
+      const Tensor a = test::random_tensor(c.a, seed++, -1.0f, 1.0f);
+      const Tensor b = test::random_tensor({K, c.n}, seed++, -1.0f, 1.0f);
+      const Tensor bias = test::random_tensor({c.scalar_bias ? 1 : c.n}, seed++, -1.0f, 1.0f);
+      const std::vector<double> want = matmul_bias_ref(a, b, bias);
+      const uint64_t before = rt::cpu::onednn_matmul_count();
+      const auto got = run_matmul_bias(a, b, bias, threads);
+      const uint64_t ran = rt::cpu::onednn_matmul_count() - before;
+      CHECK(ran == (c.onednn && rt::cpu::onednn_enabled() ? 2u : 0u));
+      for (const Tensor& y : got) {
+        REQUIRE(y.numel() == static_cast<int64_t>(want.size()));
+        double worst = 0;
+        for (int64_t i = 0; i < y.numel(); ++i)
+          worst = std::max(worst, std::fabs(y.get_double(i) - want[static_cast<size_t>(i)]) / (1.0 + std::fabs(want[static_cast<size_t>(i)])));
+        CHECK(worst < 1e-5);
+      }
+      CHECK(test::max_abs_diff(got[0], got[1]) == 0.0);  // the packed B is reused as it was
+      // The same through OpenBLAS (oneDNN off): the two paths agree to float rounding.
+      rt::cpu::ScopedOnednn off(rt::cpu::OnednnUse::Off);
+      const auto blas = run_matmul_bias(a, b, bias, threads);
+      CHECK(test::rel_l2(blas[0], got[0]) < 1e-6);
+    }
 }

@@ -88,6 +88,8 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 int64_t onednn_channel_block() { return 0; }
+int onednn_team_size(double, int) { return 1; }
+bool onednn_allowed_here() { return false; }
 bool onednn_channels_last_direct() { return false; }
 bool onednn_bf16_cores() { return false; }
 
@@ -359,12 +361,18 @@ double macs_per_thread() {
   return macs;
 }
 
-int team_size(const DnnlConvShape& s, int threads) {
+int onednn_team_size(double macs, int threads) {
   // OnednnUse::Always (tests) uses every thread, so that one and two threads are really compared.
   if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return std::max(threads, 1);
+  return static_cast<int>(std::clamp(macs / macs_per_thread(), 1.0, static_cast<double>(std::max(threads, 1))));
+}
+
+bool onednn_allowed_here() { return allowed_here(); }
+
+int team_size(const DnnlConvShape& s, int threads) {
   const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
                       static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
-  return static_cast<int>(std::clamp(macs / macs_per_thread(), 1.0, static_cast<double>(std::max(threads, 1))));
+  return onednn_team_size(macs, threads);
 }
 
 namespace {

@@ -98,6 +98,13 @@ bool onednn_channels_last_direct();
 // depthwise, which takes no channel-blocked input (tests allow for that). False without oneDNN.
 bool onednn_bf16_cores();
 
+// The OpenMP team a oneDNN primitive of `macs` multiply-adds gets on a pool of `threads`: one
+// thread below the size where a second pays (see conv_onednn.cpp), every thread with
+// OnednnUse::Always. And whether oneDNN may run on this thread now (not inside training's
+// DeterministicBlas scope unless MPQ_ONEDNN=all). For the other oneDNN callers (matmul_onednn).
+int onednn_team_size(double macs, int threads);
+bool onednn_allowed_here();
+
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
 

@@ -5,10 +5,12 @@
 // MatMul with a 2-D right operand folds A's batch dimensions into M (one GEMM); otherwise one GEMM
 // per batch entry, spread over the kernel pool when OpenBLAS would run each on one thread anyway.
 #include <algorithm>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/register_all.h"
 
 namespace mpq::rt::cpu {
@@ -217,7 +219,7 @@ void matmul_kernel(KernelContext& ctx) {
 // passes/fuse_matmul_bias in `mpq run`. Y starts as the bias rows and the GEMM accumulates onto it
 // (beta = 1): OpenBLAS then skips its pass that zeroes C, and the Add's pass is gone too. With K
 // inside one of OpenBLAS's blocks the sum is rounded once and then added to the bias, as before.
-void matmul_bias_kernel(KernelContext& ctx) {
+void matmul_bias_compute(KernelContext& ctx, OnednnMatmulState* state) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   const Tensor& bias = ctx.input(2);
@@ -240,6 +242,9 @@ void matmul_bias_kernel(KernelContext& ctx) {
   float* yp = y.data<float>();
   const float* bp = bias.data<float>();
   const bool per_column = bias.numel() == N;
+  if (state && per_column && K > 0 &&
+      onednn_matmul_bias(ctx.pool(), M, K, N, a.data<float>(), b.data<float>(), bp, yp, *state))
+    return;
   ctx.pool().parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* yrow = yp + i * N;
@@ -253,13 +258,36 @@ void matmul_bias_kernel(KernelContext& ctx) {
   blas_gemm_rows(ctx.pool(), false, false, M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 1.0f, yp, N);
 }
 
+// mpq::MatMulBias with a constant B (the fusion's guard): the kernel object, one per node and
+// executor, keeps oneDNN's plan and B packed in its layout between runs.
+class MatMulBiasKernel : public OpKernel {
+ public:
+  explicit MatMulBiasKernel(const ir::Node& node) {
+    const ir::Value* b = node.num_inputs() > 1 ? node.input(1) : nullptr;
+    if (b && b->is_constant()) state_ = std::make_unique<OnednnMatmulState>();
+  }
+  void compute(KernelContext& ctx) override { matmul_bias_compute(ctx, state_.get()); }
+
+ private:
+  std::unique_ptr<OnednnMatmulState> state_;
+};
+
 }  // namespace
 
 void register_matmul(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
   r.add_fn("", "Gemm", 1, kMaxOpset, cpu, gemm_kernel);
   r.add_fn("", "MatMul", 1, kMaxOpset, cpu, matmul_kernel);
-  r.add_fn("mpq", "MatMulBias", 1, 1, cpu, matmul_bias_kernel);
+  KernelDef matmul_bias;
+  matmul_bias.domain = "mpq";
+  matmul_bias.op_type = "MatMulBias";
+  matmul_bias.backend = cpu;
+  matmul_bias.since = 1;
+  matmul_bias.until = 1;
+  matmul_bias.factory = [](const ir::Node& node, int) -> std::unique_ptr<OpKernel> {
+    return std::make_unique<MatMulBiasKernel>(node);
+  };
+  r.add(std::move(matmul_bias));
 }
 
 }  // namespace mpq::rt::cpu
