@@ -12,6 +12,9 @@ namespace mpq::passes {
 // transformation does. The producing and consuming convolutions become mpq::FusedConv nodes
 // carrying x_block / z_block / y_block attributes; the tensor keeps its NCHW shape (its channels
 // are a multiple of the block, or it is channels-last, so it holds the same number of elements).
+// A tensor may also reach its convolutions through mpq::FakeQuant nodes with one scale (what
+// passes/fuse_qdq_pair makes of a QDQ model's activation QuantizeLinear -> DequantizeLinear pairs):
+// element-wise with one set of parameters, they compute the same values in any layout.
 // Guarded: never a graph output or a value a subgraph reads, never a tensor any other op reads,
 // float32 only, channels a multiple of the block (without `channels_last` below). The kernel runs a blocked convolution through oneDNN, or through mpq's
 // kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice
