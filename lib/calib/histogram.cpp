@@ -400,6 +400,15 @@ void Histogram::add(const float* data, int64_t n, float max_abs) {
   }
 }
 
+bool Histogram::one_pass_available() {
+#ifdef MPQ_CALIB_X86
+  const auto forced = static_cast<BinningKernel>(g_forced_binning.load(std::memory_order_relaxed));
+  return (forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512();
+#else
+  return false;
+#endif
+}
+
 int64_t Histogram::add_scanned(const float* data, int64_t n, MinMaxScan& scan) {
   int64_t done = 0;
   while (done < n) {
@@ -478,7 +487,7 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
   if (n <= 0) return;
   const int64_t chunks = chunk_count(pool, n);
   MinMaxScan s;
-  if (chunks <= 1 && has_histogram) {
+  if (chunks <= 1 && has_histogram && Histogram::one_pass_available()) {
     // One pass in L1-sized rounds; a round with NaN or inf and everything after it take the
     // counting path. Stats are sums over values, so splitting the tensor there changes nothing.
     const int64_t done = histogram.add_scanned(data, n, s);
@@ -514,8 +523,13 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
   min = std::min(min, static_cast<double>(s.lo));
   max = std::max(max, static_cast<double>(s.hi));
   count += static_cast<uint64_t>(n);
-  if (!has_histogram) return;  // (with a histogram, a single chunk took add_scanned above)
-  histogram.add_parallel(data, n, std::max(std::fabs(s.lo), std::fabs(s.hi)), *pool);
+  if (!has_histogram) return;
+  const float max_abs = std::max(std::fabs(s.lo), std::fabs(s.hi));
+  if (chunks > 1) {
+    histogram.add_parallel(data, n, max_abs, *pool);
+  } else {
+    histogram.add(data, n, max_abs);
+  }
 }
 
 void TensorStats::add_with_nonfinite(const float* data, int64_t n) {

@@ -53,6 +53,9 @@ class Histogram {
   // Stops before the first round holding NaN or inf and returns how many values it consumed;
   // `scan` gets min/max of those.
   int64_t add_scanned(const float* data, int64_t n, MinMaxScan& scan);
+  // Whether add_scanned() does scan and binning in one pass here (AVX-512); elsewhere it is two
+  // passes per round, and TensorStats scans the whole tensor first instead.
+  static bool one_pass_available();
   // Straightforward version kept as ground truth for add().
   void add_ref(const float* data, int64_t n);
 
@@ -91,9 +94,9 @@ class Histogram {
   uint64_t exact_zeros_ = 0;
   // Binning increments kLaneCopies copies of the 2*bins counters, neighbouring values into
   // different copies: values in one bin (a ReLU's zeros, a smooth feature map) then increment
-  // different counters instead of waiting on each other's stores. The copies are 32-bit, to stay
-  // in L1, and are folded into counts_ before any read, any widening, and before pending_ could
-  // overflow one of them.
+  // different counters instead of waiting on each other's stores. The copies are 32-bit (four take
+  // 64 KiB at 2,048 bins, of which a ReLU output touches the upper half) and are folded into
+  // counts_ before any read, any widening, and before pending_ could overflow one of them.
   mutable std::vector<uint32_t> lanes_;
   mutable uint64_t pending_ = 0;  // values binned into lanes_ since the last fold
   mutable std::vector<uint64_t> counts_;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "runtime/cpu/fake_quant.h"
 
 namespace mpq::passes {
@@ -53,6 +55,9 @@ bool fusable(const ir::Model& model, const ir::Node& q, QuantParams& p) {
   if (q.op_type != "QuantizeLinear" || !scalar_params(q, p)) return false;
   const ir::Value* x = q.input(0);
   if (!x || !x->type.is_tensor() || x->type.elem != DType::Float32) return false;
+  // A quantized constant (a weight quantized in the graph) is left for constant folding to turn
+  // into a float constant, which the convolution then packs once; a FakeQuant would hide it.
+  if (constant_value(x)) return false;
   // Opset 21+ output_dtype may name a type other than the zero point's.
   if (q.has_attr("output_dtype") && q.attr_int("output_dtype", 0) != 0) return false;
   const ir::Value* qv = q.output(0);

@@ -10,8 +10,8 @@ namespace mpq::passes {
 // scale that block_conv_layout lets a channel-blocked tensor flow through, so the convolutions
 // around it need no reorders.
 //
-// Guarded: a per-tensor (scalar) float32 scale and an int8 or uint8 zero point (or none: uint8),
-// constants; every reader of the quantized tensor is a DequantizeLinear with the same scale and
+// Guarded: a float32 input that is not a constant; a per-tensor (scalar) float32 scale and an int8
+// or uint8 zero point (or none: uint8), constants; every reader of the quantized tensor is a DequantizeLinear with the same scale and
 // zero point values; neither the quantized tensor nor any reader's output but the first is a graph
 // output (a reader's output is replaced by the fused node's).
 class FuseQdqPair : public NodeRewritePass {

@@ -10,9 +10,9 @@
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
 #include "passes/fuse_gelu.h"
-#include "passes/fuse_qdq_pair.h"
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
+#include "passes/fuse_qdq_pair.h"
 #include "passes/quantize_dynamic.h"
 
 namespace mpq::passes {

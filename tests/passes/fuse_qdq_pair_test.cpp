@@ -37,7 +37,7 @@ struct Options {
   int readers = 1;               // DequantizeLinear readers of the quantized tensor
   bool quantized_is_output = false;
   bool other_reader = false;     // an Identity also reads the quantized tensor
-  DType input_type = DType::Float32;
+  bool constant_input = false;   // the quantized tensor is a constant (a weight), not a graph input
 };
 
 Tensor zero_point_tensor(DType t, int32_t v) {
@@ -51,8 +51,13 @@ Model qdq_model(const Options& o) {
   m.set_opset("", 13);
   Graph& g = *m.graph;
   const Shape shape{3, 4, 5};
-  Value* x = g.add_value("x", ValueType::tensor(o.input_type, shape));
-  g.add_input(x);
+  Value* x = nullptr;
+  if (o.constant_input) {
+    x = g.add_initializer("x", test::random_tensor(shape, 5, -3.0f, 3.0f));
+  } else {
+    x = g.add_value("x", ValueType::tensor(DType::Float32, shape));
+    g.add_input(x);
+  }
   Value* s = g.add_initializer("s", Tensor::from<float>({static_cast<int64_t>(o.q_scale.size())}, o.q_scale));
   if (o.q_scale.size() == 1) s = g.add_initializer("s_scalar", Tensor::from<float>({}, {o.q_scale[0]}));
   std::vector<Value*> q_in = {x, s};
@@ -107,7 +112,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 passes::PassStats fuse_and_compare(Model& m) {
-  const rt::Feeds feeds{{"x", probe_input()}};
+  rt::Feeds feeds;
+  if (!m.graph->inputs().empty()) feeds["x"] = probe_input();
   const auto before = test::run_model(m, feeds);
   passes::FuseQdqPair pass;
   const passes::PassStats s = passes::run_pass(pass, m);
@@ -172,6 +178,26 @@ TEST_CASE("fuse_qdq_pair leaves guarded patterns alone", "[passes][fuse][qdq]") 
     o.other_reader = true;
     unchanged(o);
   }
+  SECTION("a quantized constant (left for constant folding)") {
+    Options o;
+    o.constant_input = true;
+    unchanged(o);
+  }
+  SECTION("a float16 input") {
+    Model m = qdq_model(Options{});
+    m.graph->find("x")->type = ValueType::tensor(DType::Float16, {3, 4, 5});
+    passes::FuseQdqPair pass;
+    CHECK(passes::run_pass(pass, m).changed == 0);
+  }
+  SECTION("a later reader's output is a graph output") {
+    Options o;
+    o.readers = 2;
+    Model m = qdq_model(o);
+    m.graph->add_output(m.graph->find("d1"));
+    const size_t nodes = m.graph->num_nodes();
+    CHECK(fuse_and_compare(m).changed == 0);
+    CHECK(m.graph->num_nodes() == nodes);
+  }
 }
 
 namespace {
@@ -224,8 +250,9 @@ TEST_CASE("mpq run's pipeline on QDQ CNNs: every activation pair fused, tensors 
     const auto want = test::run_model(qdq, f);
     const auto got = test::run_model(m, f);
     REQUIRE(got.size() == want.size());
-    // The convolutions may sum in another order in the blocked layout, which can move a value
-    // across a rounding edge of the next quantizer: one step of one element is what is allowed.
-    for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-3);
+    // The same bits on the AVX-512 machines this was written on (relative L2 0.0); the bound leaves
+    // room for blocked convolutions that sum in another order on other CPUs, where a value may
+    // cross a quantizer's rounding edge.
+    for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-4);
   }
 }

@@ -195,13 +195,14 @@ TEST_CASE("MatMul rejects malformed nodes", "[matmul][negative]") {
 namespace {
 
 // mpq::MatMulBias with B and the bias as initializers (as passes/fuse_matmul_bias leaves them), run
-// twice by one executor (the second run reuses the packed B).
-std::vector<Tensor> run_matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, int threads) {
+// by one executor on each A in turn (A's leading dimensions may change between runs).
+std::vector<Tensor> run_matmul_bias_each(const std::vector<Tensor>& as, const Tensor& b, const Tensor& bias,
+                                         int threads) {
   ir::Model m;
   m.set_opset("", 17);
   m.set_opset("mpq", 1);
   ir::Graph& g = *m.graph;
-  ir::Value* av = g.add_value("a", ir::ValueType::tensor(DType::Float32, a.shape()));
+  ir::Value* av = g.add_value("a");
   g.add_input(av);
   ir::Value* bv = g.add_initializer("b", b);
   ir::Value* cv = g.add_initializer("bias", bias);
@@ -212,8 +213,13 @@ std::vector<Tensor> run_matmul_bias(const Tensor& a, const Tensor& b, const Tens
   o.threads = threads;
   rt::Executor ex(m, o);
   std::vector<Tensor> outs;
-  for (int run = 0; run < 2; ++run) outs.push_back(ex.run({{"a", a}}).at(0));
+  for (const Tensor& a : as) outs.push_back(ex.run({{"a", a}}).at(0));
   return outs;
+}
+
+// The same A twice (the second run reuses the packed B).
+std::vector<Tensor> run_matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, int threads) {
+  return run_matmul_bias_each({a, a}, b, bias, threads);
 }
 
 // Y = A B + bias in float64.
@@ -252,10 +258,12 @@ TEST_CASE("mpq::MatMulBias with constant B: oneDNN (packed once) and OpenBLAS ma
       const Tensor b = test::random_tensor({K, c.n}, seed++, -1.0f, 1.0f);
       const Tensor bias = test::random_tensor({c.scalar_bias ? 1 : c.n}, seed++, -1.0f, 1.0f);
       const std::vector<double> want = matmul_bias_ref(a, b, bias);
-      const uint64_t before = rt::cpu::onednn_matmul_count();
+      const uint64_t before = rt::cpu::onednn_matmul_count(), packs_before = rt::cpu::onednn_matmul_pack_count();
       const auto got = run_matmul_bias(a, b, bias, threads);
       const uint64_t ran = rt::cpu::onednn_matmul_count() - before;
-      CHECK(ran == (c.onednn && rt::cpu::onednn_enabled() ? 2u : 0u));
+      const bool on = c.onednn && rt::cpu::onednn_enabled();
+      CHECK(ran == (on ? 2u : 0u));
+      CHECK(rt::cpu::onednn_matmul_pack_count() - packs_before == (on ? 1u : 0u));  // B packed once
       for (const Tensor& y : got) {
         REQUIRE(y.numel() == static_cast<int64_t>(want.size()));
         double worst = 0;
@@ -269,4 +277,31 @@ TEST_CASE("mpq::MatMulBias with constant B: oneDNN (packed once) and OpenBLAS ma
       const auto blas = run_matmul_bias(a, b, bias, threads);
       CHECK(test::rel_l2(blas[0], got[0]) < 1e-6);
     }
+}
+
+TEST_CASE("mpq::MatMulBias on oneDNN: another batch size on the same node replans and stays right",
+          "[matmul][onednn]") {
+  // A transformer's projection at batch 8, 3, 8, 5 tokens x 16 on one executor: each run must
+  // match the reference, whatever was planned and packed for the run before.
+  const Tensor b = test::random_tensor({64, 192}, 61, -1.0f, 1.0f);
+  const Tensor bias = test::random_tensor({192}, 62, -1.0f, 1.0f);
+  std::vector<Tensor> as;
+  uint32_t seed = 63;
+  for (const int64_t batch : {8, 3, 8, 5}) as.push_back(test::random_tensor({batch, 16, 64}, seed++, -1.0f, 1.0f));
+  for (const int threads : {1, 2}) {
+    INFO(threads << " thread(s)");
+    const uint64_t packs_before = rt::cpu::onednn_matmul_pack_count();
+    const auto got = run_matmul_bias_each(as, b, bias, threads);
+    // Packed again only where a batch size changed oneDNN's layout for B: at most once per run.
+    CHECK(rt::cpu::onednn_matmul_pack_count() - packs_before <= as.size());
+    for (size_t i = 0; i < as.size(); ++i) {
+      const std::vector<double> want = matmul_bias_ref(as[i], b, bias);
+      REQUIRE(got[i].numel() == static_cast<int64_t>(want.size()));
+      double worst = 0;
+      for (int64_t j = 0; j < got[i].numel(); ++j)
+        worst = std::max(worst, std::fabs(got[i].get_double(j) - want[static_cast<size_t>(j)]) /
+                                    (1.0 + std::fabs(want[static_cast<size_t>(j)])));
+      CHECK(worst < 1e-5);
+    }
+  }
 }

@@ -68,6 +68,20 @@ TEST_CASE("FakeQuant forward equals QuantizeLinear -> DequantizeLinear bit for b
                                       c.qmax, want.data());
     CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
   }
+  // A range far wider than any integer type QuantizeLinear writes (FakeQuant allows any in int32):
+  // values past 2^22 must still round half to even, exactly.
+  {
+    Tensor wide = Tensor::from<float>({8}, {4194305.0f, 4194304.5f, -4194305.0f, 8388609.0f, 12345679.0f, -0.0f, 2.5f,
+                                            -3.5f});
+    const int32_t lo = -(1 << 30), hi = 1 << 30;
+    const Tensor y = test::run_node("FakeQuant", {wide, Tensor::scalar<float>(1.0f)}, range(lo, hi), 1, 17, 1, "mpq").at(0);
+    std::vector<float> want(8);
+    const float one = 1.0f;
+    const int32_t zero = 0;
+    calib::fake_quantize_per_axis_ref(wide.data<float>(), 1, 1, 8, &one, &zero, lo, hi, want.data());
+    CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
+    CHECK(y.data<float>()[0] == 4194305.0f);
+  }
   // Bad parameters name the node.
   CHECK_THROWS_WITH(test::run_node("FakeQuant", {x, Tensor::scalar<float>(0.0f)}, range(-128, 127), 1, 17, 1, "mpq"),
                     Catch::Contains("node_under_test") && Catch::Contains("positive"));

@@ -50,11 +50,26 @@ FakeQuantLayout fake_quant_layout(const ir::Node& node, const Shape& x, const Te
 
 namespace {
 
+// The magic-constant rounding below is exact for |v| <= 2^22; int8/uint8/4-bit ranges are far
+// inside, wider ranges (FakeQuant allows any within int32) round with nearbyint.
+constexpr float kMagicRoundLimit = 4194304.0f;
+
 // y = DequantizeLinear(QuantizeLinear(x)) computed as quantize_run and dequantize_run compute the
 // pair (quant_internal.h): v = x / s, NaN to 0, clamped to [qmin - zp, qmax - zp] (integers, so
 // clamping before rounding equals clamping after), rounded half to even, times s. No libm call,
 // so the loop vectorizes.
 void fake_quantize_run(const float* __restrict x, int64_t n, float s, float lo, float hi, float* __restrict y) {
+  if (lo < -kMagicRoundLimit || hi > kMagicRoundLimit) {
+    for (int64_t i = 0; i < n; ++i) {
+      float v = x[i] / s;
+      v = v != v ? 0.0f : v;
+      v = v < lo ? lo : v;
+      v = v > hi ? hi : v;
+      // nearbyint rounds half to even in the default rounding mode; + 0.0f makes -0 +0, as below.
+      y[i] = (std::nearbyint(v) + 0.0f) * s;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i] / s;
     v = v != v ? 0.0f : v;

@@ -16,9 +16,11 @@ namespace mpq::rt::cpu {
 
 namespace {
 std::atomic<uint64_t> g_matmul_count{0};
+std::atomic<uint64_t> g_pack_count{0};
 }  // namespace
 
 uint64_t onednn_matmul_count() { return g_matmul_count.load(std::memory_order_relaxed); }
+uint64_t onednn_matmul_pack_count() { return g_pack_count.load(std::memory_order_relaxed); }
 
 #if !MPQ_HAVE_ONEDNN
 
@@ -93,11 +95,14 @@ bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const
     st.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_desc, w_any, b_desc, y_desc), attr, eng);
     st.prim = dnnl::matmul(st.pd);
     st.src = memory(a_desc, eng, DNNL_MEMORY_NONE);
-    st.wei = memory(st.pd.weights_desc(), eng, DNNL_MEMORY_NONE);
+    // A new M (another batch size) usually keeps B's packed layout: B is packed again only when the
+    // layout changed.
+    const bool same_layout = st.wei && st.wei.get_desc() == st.pd.weights_desc();
+    if (!same_layout) st.packed_from = nullptr;
+    st.wei = memory(st.pd.weights_desc(), eng, same_layout ? st.wei.get_data_handle() : DNNL_MEMORY_NONE);
     st.bias = memory(b_desc, eng, DNNL_MEMORY_NONE);
     st.dst = memory(y_desc, eng, DNNL_MEMORY_NONE);
     st.pad = memory(st.pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    st.packed_from = nullptr;
     st.m = m;
     st.k = k;
     st.n = n;
@@ -110,6 +115,7 @@ bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const
     st.wei.set_data_handle(aligned(st.packed, st.pd.weights_desc().get_size()));
     dnnl::reorder(user_w, st.wei).execute(stream, user_w, st.wei);
     st.packed_from = w;
+    g_pack_count.fetch_add(1, std::memory_order_relaxed);
   }
   st.src.set_data_handle(const_cast<float*>(a));
   st.bias.set_data_handle(const_cast<float*>(bias));

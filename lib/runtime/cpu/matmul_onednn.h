@@ -1,9 +1,11 @@
 #pragma once
 // mpq::MatMulBias (Y = A W + bias with W a graph constant: a transformer's projections) through
 // oneDNN's matmul, with W packed once into oneDNN's layout. Measured against OpenBLAS on the shipped
-// transformers' shapes (one thread, AVX-512; docs/runtime.md): oneDNN is 1.3-1.6x faster from about
-// 0.5M multiply-adds (M 128, K 64-128, N 64-192: a batch of 8 x 16 tokens) and even below it, so
-// smaller products stay with OpenBLAS, whose call costs less.
+// transformers' shapes (one thread, AVX-512; docs/runtime.md): oneDNN is 1.3-1.6x faster at
+// 0.5-1.6M multiply-adds (M 128, K 64-128, N 64-192: a batch of 8 x 16 tokens); at batch 1 (M 16,
+// 130-200K) the two are within 0.2 us either way, so products under 256K stay with OpenBLAS.
+// Like the convolutions, a call sets the OpenMP team size (omp_set_num_threads) for its thread and
+// leaves it so; mpq's thread pool names its team size on every loop.
 #include <cstdint>
 #include <memory>
 
@@ -28,7 +30,9 @@ class OnednnMatmulState {
 bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* a, const float* w,
                         const float* bias, float* y, OnednnMatmulState& state);
 
-// How many products oneDNN has run in this process (tests check which path a shape took).
+// How many products oneDNN has run in this process, and how many times it packed a B (tests check
+// which path a shape took and that B is packed once).
 uint64_t onednn_matmul_count();
+uint64_t onednn_matmul_pack_count();
 
 }  // namespace mpq::rt::cpu
