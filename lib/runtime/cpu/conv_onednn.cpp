@@ -144,6 +144,9 @@ struct Plan {
   // for the forward), "brgconv:..." / "brgconv_1x1:..." and, for depthwise, "brdgmm_dw:..."
   // (which takes no channel-blocked input: those run mpq's blocked depthwise kernel).
   bool direct = false;
+  // The forward's buffer sizes, queried once: each query is a call into oneDNN and a descriptor
+  // copy, twice per convolution and run otherwise.
+  size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, pad_bytes = 0;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -245,6 +248,10 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->direct = is_direct_impl(impl);
   if (!p->direct) return p;  // mpq runs it; the primitive is never needed
   p->conv = dnnl::convolution_forward(p->pd);
+  p->src_bytes = p->pd.src_desc().get_size();
+  p->wei_bytes = p->pd.weights_desc().get_size();
+  p->dst_bytes = p->pd.dst_desc().get_size();
+  p->pad_bytes = p->pd.scratchpad_desc().get_size();
   p->reorder_src = p->pd.src_desc() != p->user_src;
   p->reorder_wei = p->pd.weights_desc() != p->user_wei;
   p->reorder_dst = p->pd.dst_desc() != p->user_dst;
@@ -514,22 +521,22 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   b.usrc.set_data_handle(const_cast<float*>(x));
   b.udst.set_data_handle(y);
   if (p->reorder_src) {
-    b.src.set_data_handle(s_src.get(p->pd.src_desc().get_size()));
+    b.src.set_data_handle(s_src.get(p->src_bytes));
     p->src_in.execute(stream, b.usrc, b.src);
   }
-  if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->pd.dst_desc().get_size()));
+  if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->dst_bytes));
   b.uwei.set_data_handle(const_cast<float*>(w));
   if (p->reorder_wei) {
     if (st) {
       // Constant weights: reordered once per plan and source.
-      b.wei.set_data_handle(st->weights.get(p->pd.weights_desc().get_size()));
+      b.wei.set_data_handle(st->weights.get(p->wei_bytes));
       if (st->source != w || st->reordered_for != p) {
         p->wei_in.execute(stream, b.uwei, b.wei);
         st->source = w;
         st->reordered_for = p;
       }
     } else {
-      b.wei.set_data_handle(s_wei.get(p->pd.weights_desc().get_size()));
+      b.wei.set_data_handle(s_wei.get(p->wei_bytes));
       p->wei_in.execute(stream, b.uwei, b.wei);
     }
   }
@@ -542,7 +549,7 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
       std::copy(z, z + s.n * s.m * s.oh * s.ow, static_cast<float*>(b.dst.get_data_handle()));
     }
   }
-  b.pad.set_data_handle(s_pad.get(p->pd.scratchpad_desc().get_size()));
+  b.pad.set_data_handle(s_pad.get(p->pad_bytes));
   if (s.bias) b.bias.set_data_handle(const_cast<float*>(bias));
   p->conv.execute(stream, b.args);
   if (p->reorder_dst) p->dst_out.execute(stream, b.dst, b.udst);
