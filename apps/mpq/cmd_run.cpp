@@ -187,7 +187,9 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_flag("--no-fusion", o->no_fusion,
                "run the graph exactly as written (by default BatchNormalization is folded into the Conv "
                "before it, a residual Add and activation after a Conv run in its epilogue, written-out "
-               "LayerNorm and GELU run as one node each, and a MatMul's bias Add runs in its GEMM)");
+               "LayerNorm and GELU run as one node each, a MatMul's bias Add runs in its GEMM, and in a QDQ "
+               "model constant DequantizeLinear is folded and each activation QuantizeLinear -> "
+               "DequantizeLinear pair runs as one node, with the same values)");
   sub.add_flag("--profile", o->profile,
                "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
