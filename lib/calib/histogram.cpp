@@ -280,9 +280,7 @@ uint64_t bin_values(const float* data, int64_t n, float scale, int bins, uint32_
 bool scan_and_bin(const float* data, int64_t n, float scale, int bins, float limit, uint32_t* lanes, uint64_t* zeros,
                   MinMaxScan* scan) {
 #ifdef MPQ_CALIB_X86
-  const auto forced = static_cast<BinningKernel>(g_forced_binning.load(std::memory_order_relaxed));
-  if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
-    return scan_and_bin_avx512(data, n, scale, bins, limit, lanes, zeros, scan);
+  if (Histogram::one_pass_available()) return scan_and_bin_avx512(data, n, scale, bins, limit, lanes, zeros, scan);
 #endif
   (void)data, (void)n, (void)scale, (void)bins, (void)limit, (void)lanes, (void)zeros, (void)scan;
   return false;
@@ -483,6 +481,13 @@ std::vector<uint64_t> Histogram::abs_counts(bool skip_zeros) const {
   return out;
 }
 
+void TensorStats::record(const MinMaxScan& s, int64_t n) {
+  // -0 and +0 compare equal and the vector and scalar scans may keep either: record +0.
+  min = std::min(min, static_cast<double>(s.lo == 0.0f ? 0.0f : s.lo));
+  max = std::max(max, static_cast<double>(s.hi == 0.0f ? 0.0f : s.hi));
+  count += static_cast<uint64_t>(n);
+}
+
 void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
   if (n <= 0) return;
   const int64_t chunks = chunk_count(pool, n);
@@ -491,11 +496,7 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
     // One pass in L1-sized rounds; a round with NaN or inf and everything after it take the
     // counting path. Stats are sums over values, so splitting the tensor there changes nothing.
     const int64_t done = histogram.add_scanned(data, n, s);
-    if (done > 0) {
-      min = std::min(min, static_cast<double>(s.lo == 0.0f ? 0.0f : s.lo));  // -0 recorded as +0
-      max = std::max(max, static_cast<double>(s.hi == 0.0f ? 0.0f : s.hi));
-      count += static_cast<uint64_t>(done);
-    }
+    if (done > 0) record(s, done);
     if (done < n) add_with_nonfinite(data + done, n - done);
     return;
   }
@@ -517,12 +518,7 @@ void TensorStats::add(const float* data, int64_t n, rt::ThreadPool* pool) {
     s = scan_min_max(data, n);
   }
   if (!s.all_finite) return add_with_nonfinite(data, n);  // rare: counted and filtered on one thread
-  // -0 and +0 compare equal and the vector and scalar scans may keep either: record +0.
-  if (s.lo == 0.0f) s.lo = 0.0f;
-  if (s.hi == 0.0f) s.hi = 0.0f;
-  min = std::min(min, static_cast<double>(s.lo));
-  max = std::max(max, static_cast<double>(s.hi));
-  count += static_cast<uint64_t>(n);
+  record(s, n);
   if (!has_histogram) return;
   const float max_abs = std::max(std::fabs(s.lo), std::fabs(s.hi));
   if (chunks > 1) {

@@ -121,6 +121,8 @@ struct TensorStats {
 
  private:
   void add_with_nonfinite(const float* data, int64_t n);
+  // Min, max and count of n finite values scanned as `s`.
+  void record(const MinMaxScan& s, int64_t n);
 };
 
 // Per-channel min/max of a weight tensor viewed as [outer, channels, inner].

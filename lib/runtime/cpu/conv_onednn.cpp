@@ -55,13 +55,12 @@ bool onednn_enabled() {
 }
 
 #if MPQ_HAVE_ONEDNN
-namespace {
 // Training (a DeterministicBlas scope) runs mpq's kernels unless MPQ_ONEDNN=all or OnednnUse::Always:
 // oneDNN's results are the same bits at any thread count, but they round differently from mpq's,
 // and QAT's fake quantization amplifies that into another trajectory (check_qat.py's 24-step
 // "distillation loss falls" check on the demo model: 0.00604 -> 0.00569 with mpq's kernels,
 // 0.00579 -> 0.00722 with oneDNN's; over 60 steps both fall, 0.0040 -> 0.0006 and 0.0050 -> 0.0011).
-bool allowed_here() {
+bool onednn_allowed_here() {
   if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
   if (!deterministic_blas()) return true;
   static const bool train = [] {
@@ -70,7 +69,6 @@ bool allowed_here() {
   }();
   return train;
 }
-}  // namespace
 #endif
 
 ScopedOnednn::ScopedOnednn(OnednnUse use) : previous_(g_override.exchange(static_cast<int>(use))) {}
@@ -374,8 +372,6 @@ int onednn_team_size(double macs, int threads) {
   return static_cast<int>(std::clamp(macs / macs_per_thread(), 1.0, static_cast<double>(std::max(threads, 1))));
 }
 
-bool onednn_allowed_here() { return allowed_here(); }
-
 int team_size(const DnnlConvShape& s, int threads) {
   const double macs = static_cast<double>(s.n) * static_cast<double>(s.m) * static_cast<double>(s.oh * s.ow) *
                       static_cast<double>(s.c / s.group) * static_cast<double>(s.kh * s.kw);
@@ -390,7 +386,7 @@ namespace {
 // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
 // so it is set first and is part of the cache key.
 std::shared_ptr<Plan> usable_plan(ThreadPool& pool, const DnnlConvShape& s, bool backward) {
-  if (!onednn_enabled() || !allowed_here()) return nullptr;
+  if (!onednn_enabled() || !onednn_allowed_here()) return nullptr;
   // Blocked tensors go to oneDNN whenever it has a direct kernel: mpq's would convert both ways.
   if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && !s.blocked() &&
       mpq_is_faster(s))
