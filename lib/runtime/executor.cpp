@@ -25,6 +25,9 @@ struct Step {
   std::vector<int> inputs;   // slot per node input, -1 for omitted
   std::vector<int> outputs;  // slot per node output, -1 for omitted
   std::vector<int> release;  // slots whose last reader is this step
+  // Per input: its value dies here, is read once by this node and is no graph input or constant,
+  // so a kernel may reuse its buffer (KernelContext::input_reusable checks the rest at run time).
+  std::vector<uint8_t> reusable;
 };
 
 struct GraphPlan {
@@ -147,6 +150,17 @@ struct Executor::Impl : SubgraphRunner {
     for (size_t i = 0; i < plan->steps.size(); ++i)
       for (int s : plan->steps[i].outputs)
         if (s >= 0 && last_reader[static_cast<size_t>(s)] < 0 && !keep.count(s)) plan->steps[i].release.push_back(s);
+    std::set<int> not_reusable(plan->input_slots.begin(), plan->input_slots.end());
+    not_reusable.insert(plan->outer_slots.begin(), plan->outer_slots.end());
+    for (const auto& c : plan->constants) not_reusable.insert(c.first);
+    for (Step& step : plan->steps) {
+      step.reusable.assign(step.inputs.size(), 0);
+      for (size_t i = 0; i < step.inputs.size(); ++i) {
+        const int s = step.inputs[i];
+        if (s < 0 || not_reusable.count(s) || std::count(step.inputs.begin(), step.inputs.end(), s) != 1) continue;
+        if (std::find(step.release.begin(), step.release.end(), s) != step.release.end()) step.reusable[i] = 1;
+      }
+    }
     const GraphPlan& ref = *plan;
     plans.emplace(&g, std::move(plan));
     return ref;
@@ -187,6 +201,15 @@ struct Executor::Impl : SubgraphRunner {
         ins[i] = &t;
       }
       ctx.mutable_outputs().resize(step.outputs.size());
+      std::vector<uint8_t> reusable_here;  // only with kept extra values: those are not reusable
+      if (!keep_extra) {
+        ctx.set_reusable(&step.reusable);
+      } else {
+        reusable_here = step.reusable;
+        for (size_t i = 0; i < reusable_here.size(); ++i)
+          if (reusable_here[i] && keep_extra->count(step.inputs[i])) reusable_here[i] = 0;
+        ctx.set_reusable(&reusable_here);
+      }
       const bool timed = profiling && plan.graph == model.graph.get();
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

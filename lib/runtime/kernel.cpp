@@ -16,6 +16,13 @@ const Tensor& KernelContext::input(size_t i) const {
   return *inputs_[i];
 }
 
+bool KernelContext::input_reusable(size_t i) const {
+  if (!reusable_ || i >= reusable_->size() || !(*reusable_)[i] || !has_input(i)) return false;
+  const Tensor& t = *inputs_[i];
+  // use_count 1: the executor's slot is the only holder, so writing cannot be seen elsewhere.
+  return t.is_host() && t.buffer() && t.buffer().use_count() == 1;
+}
+
 Tensor& KernelContext::alloc_output(size_t i, DType dtype, Shape shape) {
   if (i >= outputs_.size()) fail("output {} does not exist (node has {} outputs)", i, outputs_.size());
   for (int64_t d : shape)

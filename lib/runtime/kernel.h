@@ -52,8 +52,14 @@ class KernelContext {
   bool output_wanted(size_t i) const { return i < outputs_.size() && node_.output(i) != nullptr; }
   // Allocate output i (uninitialized host memory).
   Tensor& alloc_output(size_t i, DType dtype, Shape shape);
-  // Hand over a ready tensor (for example a reshaped view of an input; inputs are never written).
+  // Hand over a ready tensor (for example a reshaped view of an input). Inputs are never written,
+  // except one that input_reusable says may become an output's buffer.
   void set_output(size_t i, Tensor t);
+  // Whether input i's buffer may be written and handed over as an output (an in-place residual
+  // sum): the executor marked this step as the value's last reader, the value is no graph input,
+  // output, constant or kept extra value, it is read once by this node, and nothing else holds
+  // the buffer now (no view, no observer's copy, no caller's feed).
+  bool input_reusable(size_t i) const;
   Tensor& output(size_t i) { return outputs_.at(i); }
 
   // BadInput error prefixed with the node's label.
@@ -69,6 +75,7 @@ class KernelContext {
   // Used by the executor.
   std::vector<const Tensor*>& mutable_inputs() { return inputs_; }
   std::vector<Tensor>& mutable_outputs() { return outputs_; }
+  void set_reusable(const std::vector<uint8_t>* per_input) { reusable_ = per_input; }
 
  private:
   const ir::Node& node_;
@@ -77,6 +84,7 @@ class KernelContext {
   SubgraphRunner* runner_;
   std::vector<const Tensor*> inputs_;
   std::vector<Tensor> outputs_;
+  const std::vector<uint8_t>* reusable_ = nullptr;  // per input: the plan allows reuse (input_reusable)
 };
 
 class OpKernel {

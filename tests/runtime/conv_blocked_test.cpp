@@ -294,3 +294,76 @@ TEST_CASE("FusedConv state with blocked input, residual and output across batch 
   }
   if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() == before + 4);
 }
+
+TEST_CASE("FusedConv sums into a dying Z's buffer only where nothing else can see it", "[conv][state][inplace]") {
+  // z = Relu(zin); y = FusedConv(x, W, B, z) [; later = Relu(z)]. When y is z's last reader and z
+  // is no graph output, y takes z's buffer (oneDNN's sum post-op adds what y holds, so no copy of
+  // z is made); when z is read later, is a graph output, or is a caller's feed, it must stay as it
+  // was. An observer records the buffers without holding them (a copy would forbid the reuse).
+  enum class ZUse { DiesHere, ReadLater, GraphOutput, Feed };
+  const BlockCase k{2, 16, 16, 1, {9, 7}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 41);
+  const Tensor b = test::random_tensor({16}, 42);
+  const Tensor x = test::random_tensor({2, 16, 9, 7}, 43, -2.0f, 2.0f);
+  const Tensor zin = test::random_tensor({2, 16, 9, 7}, 44, -2.0f, 2.0f);
+  Tensor zr(DType::Float32, zin.shape());
+  for (int64_t i = 0; i < zin.numel(); ++i) zr.data<float>()[i] = std::max(0.0f, zin.data<float>()[i]);
+  for (const int64_t x_block : {int64_t{0}, int64_t{16}})  // plain path, channel-blocked path
+    for (const ZUse use : {ZUse::DiesHere, ZUse::ReadLater, ZUse::GraphOutput, ZUse::Feed})
+      for (const int threads : {1, 2}) {
+        INFO("x_block " << x_block << " z use " << static_cast<int>(use) << " threads " << threads);
+        ir::Model m;
+        m.set_opset("", 17);
+        m.set_opset("mpq", 1);
+        ir::Graph& g = *m.graph;
+        ir::Value* xv = g.add_value("x", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+        g.add_input(xv);
+        ir::Value* zv = g.add_value("z", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+        if (use == ZUse::Feed) {
+          g.add_input(zv);
+        } else {
+          ir::Value* zinv = g.add_value("zin", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+          g.add_input(zinv);
+          g.add_node("Relu", {zinv}, {zv}, "relu_in");
+        }
+        ir::Value* y = g.add_value("y");
+        ir::Node* n = g.add_node("FusedConv", {xv, g.add_initializer("w", w), g.add_initializer("b", b), zv}, {y}, "conv");
+        n->domain = "mpq";
+        n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+        n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+        if (x_block) n->set_attr(ir::Attribute::make_int("x_block", x_block));
+        g.add_output(y);
+        if (use == ZUse::ReadLater) {
+          ir::Value* later = g.add_value("later");
+          g.add_node("Relu", {zv}, {later}, "relu_later");
+          g.add_output(later);
+        }
+        if (use == ZUse::GraphOutput) g.add_output(zv);
+        rt::ExecOptions eo;
+        eo.threads = threads;
+        rt::Executor exec(m, eo);
+        const void* z_buffer = nullptr;
+        const void* y_buffer = nullptr;
+        exec.set_observer([&](const ir::Value& v, const Tensor& t) {
+          if (v.name() == "z") z_buffer = t.raw_data();
+          if (v.name() == "y") y_buffer = t.raw_data();
+        });
+        const Tensor feed_z = use == ZUse::Feed ? zr.clone() : Tensor();
+        rt::Feeds feeds{{"x", blocked(x, x_block)}};
+        if (use == ZUse::Feed) feeds.emplace("z", feed_z);
+        else feeds.emplace("zin", zin);
+        const std::vector<Tensor> outs = exec.run(feeds);
+        CHECK(test::max_abs_diff(outs[0], want_of(x, w, b, &zr, k)) <= 1e-3);
+        REQUIRE(y_buffer != nullptr);
+        if (use == ZUse::Feed) {
+          CHECK(test::max_abs_diff(feed_z, zr) == 0.0);  // the caller's tensor is untouched
+        } else {
+          REQUIRE(z_buffer != nullptr);
+          // The reuse itself, where oneDNN runs the convolution (it adds what Y holds).
+          if (use == ZUse::DiesHere && rt::cpu::onednn_enabled()) CHECK(y_buffer == z_buffer);
+          if (use != ZUse::DiesHere) CHECK(y_buffer != z_buffer);
+          if (use == ZUse::ReadLater) CHECK(test::max_abs_diff(outs[1], zr) == 0.0);
+          if (use == ZUse::GraphOutput) CHECK(test::max_abs_diff(outs[1], zr) == 0.0);
+        }
+      }
+}

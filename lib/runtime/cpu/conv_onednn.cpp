@@ -541,7 +541,7 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
     if (p->reorder_z) {
       b.uz.set_data_handle(const_cast<float*>(z));
       p->z_in.execute(stream, b.uz, b.dst);
-    } else {
+    } else if (z != static_cast<const float*>(b.dst.get_data_handle())) {  // Y in place of Z: Z is there
       std::copy(z, z + s.n * s.m * s.oh * s.ow, static_cast<float*>(b.dst.get_data_handle()));
     }
   }
