@@ -2,7 +2,11 @@
 // inputs, per shape, for choosing which convolutions oneDNN runs (docs/runtime.md). Not a test (no
 // assertions, timings vary): built beside the tests, never registered with ctest.
 //
-//   bench_conv [--threads 1] [--repeat 200] [--batches 1,8] [--relu]
+//   bench_conv [--threads 1] [--repeat 200] [--batches 1,8] [--relu] [--channels-last]
+//
+// --channels-last: the depthwise shapes only, as mpq::FusedConv with X and Y channels-last (the
+// layout passes/block_conv_layout gives the MobileNets): oneDNN's depthwise kernel against mpq's
+// kernels with a layout conversion on each side.
 //
 // The shapes are the convolutions of the shipped CNNs (tests/models, ResNet, MobileNetV3, U-Net on
 // 32x32 and the fashion models on 28x28). Prints one line per shape and batch: median
@@ -17,6 +21,7 @@
 
 #include "core/error.h"
 #include "ir/graph.h"
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 
@@ -32,12 +37,14 @@ struct Shape2 {
 const Shape2 kShapes[] = {
     {3, 32, 16, 3, 3, 1},     {16, 32, 16, 16, 3, 1},   {16, 32, 32, 16, 3, 2},  {32, 16, 32, 32, 3, 1},
     {16, 32, 32, 16, 1, 2},   {32, 16, 64, 32, 3, 2},   {64, 8, 64, 64, 3, 1},   {32, 16, 64, 32, 1, 2},
-    {16, 16, 16, 1, 3, 2},    {16, 8, 8, 16, 1, 1},     {8, 8, 16, 8, 1, 1},     {16, 8, 48, 16, 1, 1},
-    {48, 8, 48, 1, 3, 2},     {48, 4, 24, 48, 1, 1},    {24, 4, 72, 24, 1, 1},   {72, 4, 72, 1, 3, 1},
-    {72, 4, 72, 1, 5, 2},     {72, 2, 40, 72, 1, 1},    {40, 2, 120, 40, 1, 1},  {120, 2, 120, 1, 5, 1},
-    {1, 28, 16, 1, 3, 1},     {16, 28, 16, 16, 3, 1},   {16, 14, 64, 16, 1, 1},  {64, 14, 64, 1, 3, 2},
-    {96, 7, 96, 1, 5, 2},     {64, 32, 32, 64, 3, 1},   {32, 32, 16, 32, 1, 1},  {16, 32, 2, 16, 1, 1},
-    {1, 28, 64, 1, 7, 7},
+    {16, 8, 8, 16, 1, 1},     {8, 8, 16, 8, 1, 1},      {16, 8, 48, 16, 1, 1},   {48, 4, 24, 48, 1, 1},
+    {24, 4, 72, 24, 1, 1},    {72, 2, 40, 72, 1, 1},    {40, 2, 120, 40, 1, 1},  {1, 28, 16, 1, 3, 1},
+    {16, 28, 16, 16, 3, 1},   {16, 14, 64, 16, 1, 1},   {64, 32, 32, 64, 3, 1},  {32, 32, 16, 32, 1, 1},
+    {16, 32, 2, 16, 1, 1},    {1, 28, 64, 1, 7, 7},
+    // Depthwise: MobileNetV3 (32x32 input), then fashion_mobilenet (28x28).
+    {16, 16, 16, 1, 3, 1},    {48, 16, 48, 1, 3, 2},    {72, 8, 72, 1, 3, 1},    {72, 8, 72, 1, 5, 2},
+    {120, 4, 120, 1, 5, 1},   {16, 28, 16, 1, 3, 2},    {64, 14, 64, 1, 3, 1},   {72, 14, 72, 1, 3, 1},
+    {96, 14, 96, 1, 5, 2},    {120, 7, 120, 1, 5, 1},
 };
 
 Tensor random_tensor(const Shape& shape, uint32_t seed) {
@@ -63,7 +70,7 @@ double median_us(rt::Executor& ex, const rt::Feeds& feeds, int repeat) {
 int run(int argc, char** argv) {
   int threads = 1, repeat = 200;
   std::vector<int64_t> batches{1, 8};
-  bool relu = false;
+  bool relu = false, channels_last = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -73,6 +80,7 @@ int run(int argc, char** argv) {
     if (a == "--threads") threads = std::stoi(next());
     else if (a == "--repeat") repeat = std::stoi(next());
     else if (a == "--relu") relu = true;
+    else if (a == "--channels-last") channels_last = true;
     else if (a == "--batches") {
       batches.clear();
       const std::string s = next();
@@ -85,11 +93,14 @@ int run(int argc, char** argv) {
     } else fail_input("unknown option {}", a);
   }
   if (!rt::cpu::onednn_available()) fail_input("built without oneDNN: nothing to compare");
-  std::printf("threads=%d repeat=%d %s\n", threads, repeat, relu ? "FusedConv+Relu" : "Conv");
+  if (channels_last) relu = true;  // FusedConv carries the layout attributes
+  std::printf("threads=%d repeat=%d %s%s\n", threads, repeat, relu ? "FusedConv+Relu" : "Conv",
+              channels_last ? ", channels-last depthwise" : "");
   std::printf("%4s %4s %4s %4s %4s %2s %2s %10s %10s %7s\n", "N", "C", "HW", "M", "C/G", "K", "S", "mpq us",
               "oneDNN us", "ratio");
   for (int64_t n : batches)
     for (const Shape2& sh : kShapes) {
+      if (channels_last && !(sh.cg == 1 && sh.m == sh.c && sh.c > 1)) continue;
       ir::Model model;
       model.set_opset("", 17);
       model.set_opset("mpq", 1);
@@ -106,6 +117,10 @@ int run(int argc, char** argv) {
       node->set_attr(ir::Attribute::make_ints("strides", {sh.s, sh.s}));
       node->set_attr(ir::Attribute::make_ints("pads", {p, p, p, p}));
       if (relu) node->set_attr(ir::Attribute::make_string("activation", "Relu"));
+      if (channels_last) {
+        node->set_attr(ir::Attribute::make_int("x_block", rt::cpu::kChannelsLast));
+        node->set_attr(ir::Attribute::make_int("y_block", rt::cpu::kChannelsLast));
+      }
       rt::Feeds feeds{{"x", random_tensor({n, sh.c, sh.hw, sh.hw}, 1)}};
       rt::ExecOptions o;
       o.threads = threads;
