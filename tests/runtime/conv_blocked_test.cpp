@@ -367,3 +367,51 @@ TEST_CASE("FusedConv sums into a dying Z's buffer only where nothing else can se
         }
       }
 }
+
+TEST_CASE("Conv keeps its checks per shape: a new shape is checked and derived again", "[conv][state][negative]") {
+  // ConvKernel keeps the last call's attribute reads and shape checks while X, W and B keep their
+  // shapes; Z is checked on every call. One executor: a good run, a Z of the wrong batch (must be
+  // refused even though X's shape is the one already seen), X with a new spatial size (output size
+  // derived again), and the first shape again.
+  ir::Model m;
+  m.set_opset("", 17);
+  m.set_opset("mpq", 1);
+  ir::Graph& g = *m.graph;
+  auto sym = [](const char* n) { return ir::Dim::symbol(n); };
+  ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, std::vector<ir::Dim>{sym("N"), ir::Dim::fixed(16),
+                                                                                sym("H"), sym("W")}));
+  ir::Value* z = g.add_value("z", ir::ValueType::tensor(DType::Float32, std::vector<ir::Dim>{sym("NZ"), ir::Dim::fixed(16),
+                                                                                sym("HZ"), sym("WZ")}));
+  g.add_input(x);
+  g.add_input(z);
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 51);
+  const Tensor b = test::random_tensor({16}, 52);
+  ir::Value* y = g.add_value("y");
+  ir::Node* n = g.add_node("FusedConv", {x, g.add_initializer("w", w), g.add_initializer("b", b), z}, {y}, "conv");
+  n->domain = "mpq";
+  n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+  n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+  g.add_output(y);
+  rt::ExecOptions eo;
+  eo.threads = 2;
+  rt::Executor exec(m, eo);
+  uint32_t seed = 5000;
+  auto check = [&](int64_t batch, int64_t h, int64_t wd) {
+    INFO("batch " << batch << " " << h << "x" << wd);
+    const BlockCase k{batch, 16, 16, 1, {h, wd}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+    const Tensor in = test::random_tensor({batch, 16, h, wd}, seed++, -2.0f, 2.0f);
+    const Tensor zin = test::random_tensor({batch, 16, h, wd}, seed++, -2.0f, 2.0f);
+    const Tensor got = exec.run({{"x", in}, {"z", zin}})[0];
+    REQUIRE(got.shape() == Shape{batch, 16, h, wd});
+    CHECK(test::max_abs_diff(got, want_of(in, w, b, &zin, k)) <= 1e-3);
+  };
+  check(2, 9, 7);
+  CHECK_THROWS_WITH(exec.run({{"x", test::random_tensor({2, 16, 9, 7}, 1)}, {"z", test::random_tensor({3, 16, 9, 7}, 2)}}),
+                    Catch::Contains("conv") && Catch::Contains("Z is float32[3,16,9,7]"));
+  check(2, 9, 7);
+  check(2, 5, 11);
+  CHECK_THROWS_WITH(exec.run({{"x", test::random_tensor({2, 16, 5, 11}, 3)}, {"z", test::random_tensor({2, 16, 9, 7}, 4)}}),
+                    Catch::Contains("Z is float32[2,16,9,7]"));
+  check(1, 9, 7);
+  check(2, 9, 7);
+}

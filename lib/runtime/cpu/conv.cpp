@@ -607,10 +607,32 @@ void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w,
 
 // Conv and mpq::FusedConv; `constant_weights` (ConvKernel's state, see below) keeps oneDNN's plan,
 // memory objects and reordered weights between calls.
-void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights) {
-  const Tensor& x = ctx.input(0);
-  const Tensor& w = ctx.input(1);
-  const Tensor* b = ctx.input_or_null(2);
+// What a Conv or mpq::FusedConv call derives from its attributes and input shapes before it
+// computes anything: the same for every call with the same shapes, so ConvKernel keeps the last
+// one (a MobileNet at batch 1 read about ten attributes, by name, per convolution and run).
+struct ConvSetup {
+  // The key: what the checks and the derived values depend on.
+  Shape x_shape, w_shape, b_shape;
+  DType dtype = DType::Undefined;
+  bool has_b = false, has_z = false;
+  // Derived.
+  int64_t G = 1, C = 0, M = 0;
+  std::vector<int64_t> kernel;
+  Window win;
+  Shape yshape;
+  Epilogue epi;  // its z is set per call
+  BlockedIo io;
+
+  bool matches(const Tensor& x, const Tensor& w, const Tensor* b, bool z) const {
+    return dtype != DType::Undefined && x.dtype() == dtype && w.dtype() == dtype && has_b == (b != nullptr) &&
+           has_z == z && (!b || (b->dtype() == dtype && b->shape() == b_shape)) && x.shape() == x_shape &&
+           w.shape() == w_shape;
+  }
+};
+
+// Checks the inputs and attributes and derives the setup (every failure names the node).
+void prepare_conv(const KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, ConvSetup& st) {
+  st.dtype = DType::Undefined;  // invalid until complete
   check_float_inputs(ctx, x, w, b);
   const int64_t G = ctx.node().attr_int("group", 1);
   if (G <= 0) ctx.fail("group must be positive, got {}", G);
@@ -620,13 +642,44 @@ void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights) {
     ctx.fail("X has {} channels but W {} with group={} expects {}", C, shape_str(w.shape()), G, w.dim(1) * G);
   if (M % G != 0) ctx.fail("W has {} output channels, which group={} does not divide", M, G);
   if (b && (b->rank() != 1 || b->dim(0) != M)) ctx.fail("B has shape {}, expected [{}]", shape_str(b->shape()), M);
-  std::vector<int64_t> kernel = spatial(w);
-  check_kernel_shape_attr(ctx, kernel);
-  Window win = forward_window(ctx, spatial(x), kernel, false);
-  Shape yshape{x.dim(0), M};
-  yshape.insert(yshape.end(), win.out.begin(), win.out.end());
-  const Epilogue epi = read_epilogue(ctx, x, yshape);
-  const BlockedIo io = read_blocked_io(ctx, x, M, epi.z != nullptr);
+  st.kernel = spatial(w);
+  check_kernel_shape_attr(ctx, st.kernel);
+  st.win = forward_window(ctx, spatial(x), st.kernel, false);
+  st.yshape = Shape{x.dim(0), M};
+  st.yshape.insert(st.yshape.end(), st.win.out.begin(), st.win.out.end());
+  st.epi = read_epilogue(ctx, x, st.yshape);
+  st.io = read_blocked_io(ctx, x, M, st.epi.z != nullptr);
+  st.has_z = st.epi.z != nullptr;
+  st.epi.z = nullptr;
+  st.G = G;
+  st.C = C;
+  st.M = M;
+  st.x_shape = x.shape();
+  st.w_shape = w.shape();
+  st.has_b = b != nullptr;
+  st.b_shape = b ? b->shape() : Shape{};
+  st.dtype = x.dtype();
+}
+
+void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights, ConvSetup* memo) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& w = ctx.input(1);
+  const Tensor* b = ctx.input_or_null(2);
+  const Tensor* zt = ctx.node().op_type == "FusedConv" ? ctx.input_or_null(3) : nullptr;
+  ConvSetup local;
+  ConvSetup& st = memo ? *memo : local;
+  if (!memo || !st.matches(x, w, b, zt != nullptr)) prepare_conv(ctx, x, w, b, st);
+  // Z's type and shape are checked on every call (read_epilogue's check, for a Z that changed).
+  if (zt && (zt->dtype() != x.dtype() || zt->shape() != st.yshape))
+    ctx.fail("Z is {}{} but the convolution's output is {}{}", dtype_name(zt->dtype()), shape_str(zt->shape()),
+             dtype_name(x.dtype()), shape_str(st.yshape));
+  const int64_t G = st.G, C = st.C, M = st.M;
+  const std::vector<int64_t>& kernel = st.kernel;
+  const Window& win = st.win;
+  const Shape& yshape = st.yshape;
+  Epilogue epi = st.epi;
+  epi.z = zt ? zt->raw_data() : nullptr;
+  const BlockedIo& io = st.io;
   if (io.any()) {
     // Y = conv(...) + Z in place of a Z that dies here: oneDNN's sum post-op adds what Y holds,
     // so Y needs no copy of Z first. Only where Z and Y share a layout (then oneDNN reorders
@@ -692,10 +745,11 @@ class ConvKernel : public OpKernel {
     const ir::Value* w = node.num_inputs() > 1 ? node.input(1) : nullptr;
     if (w && w->is_constant()) state_ = std::make_unique<OnednnConvState>();
   }
-  void compute(KernelContext& ctx) override { conv_compute(ctx, state_.get()); }
+  void compute(KernelContext& ctx) override { conv_compute(ctx, state_.get(), &setup_); }
 
  private:
   std::unique_ptr<OnednnConvState> state_;
+  ConvSetup setup_;  // the last call's checks and derived values, reused while the shapes hold
 };
 
 // ---------------------------------------------------------------- ConvTranspose
