@@ -188,10 +188,14 @@ struct Executor::Impl : SubgraphRunner {
       ~Restore() { cur = saved; }
     } restore{current, saved};
 
+    // The contexts' input and output lists, kept across steps so that a step allocates neither.
+    std::vector<const Tensor*> ins_store;
+    std::vector<Tensor> outs_store;
     for (const Step& step : plan.steps) {
       KernelContext ctx(*step.node, step.opset, pool, this);
       auto& ins = ctx.mutable_inputs();
-      ins.resize(step.inputs.size(), nullptr);
+      ins.swap(ins_store);
+      ins.assign(step.inputs.size(), nullptr);
       for (size_t i = 0; i < step.inputs.size(); ++i) {
         int s = step.inputs[i];
         if (s < 0) continue;
@@ -200,6 +204,7 @@ struct Executor::Impl : SubgraphRunner {
           fail_internal("{}: input '{}' has no value at run time", step.node->label(), plan.slot_values[static_cast<size_t>(s)]->name());
         ins[i] = &t;
       }
+      ctx.mutable_outputs().swap(outs_store);
       ctx.mutable_outputs().resize(step.outputs.size());
       std::vector<uint8_t> reusable_here;  // only with kept extra values: those are not reusable
       if (!keep_extra) {
@@ -244,6 +249,9 @@ struct Executor::Impl : SubgraphRunner {
       }
       for (int s : step.release)
         if (!keep_extra || !keep_extra->count(s)) env[static_cast<size_t>(s)] = Tensor();
+      outs.clear();  // moved-from tensors; the capacity stays
+      outs_store.swap(outs);
+      ins_store.swap(ins);
     }
   }
 
