@@ -8,6 +8,7 @@
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
+#include "passes/fuse_conv_fake_quant.h"
 #include "passes/fuse_gelu.h"
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
@@ -42,11 +43,12 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   FuseGelu fuse_gelu;
   FuseMatMulBias fuse_matmul_bias;
   FuseQdqPair fuse_qdq;
+  FuseConvFakeQuant fuse_conv_fq;
   std::vector<Pass*> pipeline = {&fold, &fuse_bn};
   // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
   if (backend == rt::BackendKind::CPU)
-    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq});
+    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq});
   std::vector<std::string> notes;
   for (Pass* pass : pipeline)
     for (std::string& note : run_pass(*pass, model).notes) notes.push_back(std::move(note));

@@ -22,6 +22,7 @@
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/fake_quant.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cpu/register_all.h"
@@ -69,7 +70,12 @@ struct Epilogue {
   Act act = Act::None;
   float p0 = 0.0f, p1 = 0.0f;
   const void* z = nullptr;  // same type and shape as Y
-  bool active() const { return act != Act::None || z != nullptr; }
+  // Then fake quantization with one scale (passes/fuse_conv_fake_quant, the FakeQuant of a QDQ
+  // model's activation): fake_quantize_value(v, fq_scale, fq_lo, fq_hi). Float32 only.
+  enum class Quant { None, Narrow, Wide };  // Wide: fake_quant_wide(fq_lo, fq_hi)
+  Quant quant = Quant::None;
+  float fq_scale = 1.0f, fq_lo = 0.0f, fq_hi = 0.0f;
+  bool active() const { return act != Act::None || z != nullptr || quant != Quant::None; }
 };
 
 // Branch-free (math::sel) so the row loops vectorise; compare-and-branch code mispredicts on
@@ -101,29 +107,53 @@ inline T activate(T v, T a, T b) {
   return v;
 }
 
-// dst[i] = act(src[i] + bias + z[i]) over one row, in a single pass (dst may be src).
-template <Epilogue::Act A, bool kHasZ, typename T>
-void epilogue_row(const T* src, T bias, const T* z, T* dst, int64_t n, T a, T b) {
+// The fused fake quantization's parameters, as the row loops take them.
+struct RowQuant {
+  float s = 1.0f, lo = 0.0f, hi = 0.0f;
+};
+
+// dst[i] = fq(act(src[i] + bias + z[i])) over one row, in a single pass (dst may be src).
+template <Epilogue::Act A, bool kHasZ, Epilogue::Quant Q, typename T>
+void epilogue_row(const T* src, T bias, const T* z, T* dst, int64_t n, T a, T b, RowQuant q) {
   for (int64_t i = 0; i < n; ++i) {
     T v = src[i] + bias;
     if constexpr (kHasZ) v += z[i];
-    dst[i] = activate<A>(v, a, b);
+    v = activate<A>(v, a, b);
+    if constexpr (Q != Epilogue::Quant::None) {
+      static_assert(std::is_same_v<T, float>, "fused fake quantization is float32 only");
+      v = fake_quantize_value<Q == Epilogue::Quant::Wide>(v, q.s, q.lo, q.hi);
+    }
+    dst[i] = v;
   }
 }
 
-// Calls fn(row) once, with row(src, bias, z, dst, n) specialised for e's activation and Z, so the
-// choice is made per convolution rather than per element.
+// Calls fn(row) once, with row(src, bias, z, dst, n) specialised for e's activation, Z and fake
+// quantization, so the choice is made per convolution rather than per element.
 template <typename T, typename F>
 void with_epilogue(const Epilogue& e, F&& fn) {
   using Act = Epilogue::Act;
+  using Quant = Epilogue::Quant;
   const T a = static_cast<T>(e.p0), b = static_cast<T>(e.p1);
-  auto pick = [&](auto act) {
+  const RowQuant rq{e.fq_scale, e.fq_lo, e.fq_hi};
+  auto pick_quant = [&](auto act, auto quant) {
     constexpr Act A = decltype(act)::value;
+    constexpr Quant Q = decltype(quant)::value;
     if (e.z) {
-      fn([a, b](const T* src, T bias, const T* z, T* dst, int64_t n) { epilogue_row<A, true, T>(src, bias, z, dst, n, a, b); });
+      fn([a, b, rq](const T* src, T bias, const T* z, T* dst, int64_t n) {
+        epilogue_row<A, true, Q, T>(src, bias, z, dst, n, a, b, rq);
+      });
     } else {
-      fn([a, b](const T* src, T bias, const T*, T* dst, int64_t n) { epilogue_row<A, false, T>(src, bias, nullptr, dst, n, a, b); });
+      fn([a, b, rq](const T* src, T bias, const T*, T* dst, int64_t n) {
+        epilogue_row<A, false, Q, T>(src, bias, nullptr, dst, n, a, b, rq);
+      });
     }
+  };
+  auto pick = [&](auto act) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (e.quant == Quant::Narrow) return pick_quant(act, std::integral_constant<Quant, Quant::Narrow>{});
+      if (e.quant == Quant::Wide) return pick_quant(act, std::integral_constant<Quant, Quant::Wide>{});
+    }
+    pick_quant(act, std::integral_constant<Quant, Quant::None>{});
   };
   switch (e.act) {
     case Act::None: return pick(std::integral_constant<Act, Act::None>{});
@@ -409,6 +439,12 @@ DnnlConvShape dnnl_shape(int64_t N, int64_t C, int64_t M, int64_t G, const Windo
   }
   s.p0 = e.p0;
   s.p1 = e.p1;
+  if (e.quant != Epilogue::Quant::None) {
+    s.fake_quant = true;
+    s.fq_scale = e.fq_scale;
+    s.fq_lo = e.fq_lo;
+    s.fq_hi = e.fq_hi;
+  }
   return s;
 }
 
@@ -532,6 +568,17 @@ Epilogue read_epilogue(const KernelContext& ctx, const Tensor& y_like, const Sha
     }
     if (params.size() != want && !(e.act == Epilogue::Act::LeakyRelu && params.empty()))
       ctx.fail("activation {} takes {} activation_params, got {}", act, want, params.size());
+  }
+  if (n.attr("fake_quant") != nullptr) {
+    const std::vector<float> v = n.attr_floats("fake_quant", {});
+    if (v.size() != 3 || !(v[0] > 0.0f) || !std::isfinite(v[0]) || !(v[1] <= v[2]) || v[1] != std::nearbyint(v[1]) ||
+        v[2] != std::nearbyint(v[2]))
+      ctx.fail("fake_quant must be [scale > 0, lo, hi] with integer bounds lo <= hi, got {} values", v.size());
+    if (y_like.dtype() != DType::Float32) ctx.fail("fake_quant needs float32, got {}", dtype_name(y_like.dtype()));
+    e.fq_scale = v[0];
+    e.fq_lo = v[1];
+    e.fq_hi = v[2];
+    e.quant = fake_quant_wide(v[1], v[2]) ? Epilogue::Quant::Wide : Epilogue::Quant::Narrow;
   }
   if (const Tensor* z = ctx.input_or_null(3)) {
     if (z->dtype() != y_like.dtype() || z->shape() != yshape)

@@ -102,11 +102,11 @@ using dt = memory::data_type;
 // Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
-                       float, int, bool, int64_t, int64_t, int64_t>;
+                       float, int, bool, int64_t, int64_t, int64_t, bool, float, float, float>;
 Key key_of(const DnnlConvShape& s, int threads, bool backward) {
   return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
           s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, backward, s.x_block,
-          s.z_block, s.y_block};
+          s.z_block, s.y_block, s.fake_quant, s.fq_scale, s.fq_lo, s.fq_hi};
 }
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -145,6 +145,10 @@ struct Plan {
   // The forward's buffer sizes, queried once: each query is a call into oneDNN and a descriptor
   // copy, twice per convolution and run otherwise.
   size_t src_bytes = 0, wei_bytes = 0, dst_bytes = 0, pad_bytes = 0;
+  // The fused fake quantization's divisor: one float the binary post-op reads (see post_ops_of).
+  std::unique_ptr<float> fq_scale;
+  memory fq_scale_mem;
+  int fq_scale_arg = 0;  // DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -169,6 +173,16 @@ dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
       po.append_eltwise(1.0f, A::eltwise_linear, s.p0, s.p1);
       po.append_eltwise(1.0f, A::eltwise_clip_v2, 0.0f, 1.0f);
       break;
+  }
+  if (s.fake_quant) {
+    // fake_quantize_value: a division (a multiply by 1/s would round differently), the clamp to
+    // the integer bounds, rounding half to even, and the product with s (linear with beta 0: one
+    // rounding, as v * s). A NaN is not mapped to 0 as FakeQuant does (oneDNN's clip keeps it);
+    // mpq::FusedConv is for `mpq run`, where a NaN activation is already wrong.
+    po.append_binary(A::binary_div, memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw));
+    po.append_eltwise(1.0f, A::eltwise_clip, s.fq_lo, s.fq_hi);
+    po.append_eltwise(1.0f, A::eltwise_round, 0.0f, 0.0f);
+    po.append_eltwise(1.0f, A::eltwise_linear, s.fq_scale, 0.0f);
   }
   return po;
 }
@@ -229,7 +243,13 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
   p->user_bias = s.bias ? memory::desc({s.m}, dt::f32, tag::x) : memory::desc();
   dnnl::primitive_attr attr;
-  attr.set_post_ops(post_ops_of(s));
+  const dnnl::post_ops po = post_ops_of(s);
+  attr.set_post_ops(po);
+  if (s.fake_quant) {
+    p->fq_scale = std::make_unique<float>(s.fq_scale);
+    p->fq_scale_mem = memory(memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw), engine(), p->fq_scale.get());
+    p->fq_scale_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len() - 4) | DNNL_ARG_SRC_1;
+  }
   // Scratch memory comes from the caller (per thread), so that one plan may run on several threads
   // at once whatever oneDNN's build options.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -467,6 +487,7 @@ struct Bound {
       bias = memory(q.user_bias, eng, DNNL_MEMORY_NONE);
       args.emplace(DNNL_ARG_BIAS, bias);
     }
+    if (q.fq_scale) args.emplace(q.fq_scale_arg, q.fq_scale_mem);
   }
 };
 

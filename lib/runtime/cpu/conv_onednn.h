@@ -32,6 +32,10 @@ struct DnnlConvShape {
   bool bias = false, residual = false;
   DnnlAct act = DnnlAct::None;
   float p0 = 0.0f, p1 = 0.0f;
+  // Then fake quantization with one scale (mpq::FusedConv's fake_quant): y = round(clamp(v /
+  // fq_scale, fq_lo, fq_hi)) * fq_scale, as post-ops that give FakeQuant's bits.
+  bool fake_quant = false;
+  float fq_scale = 1.0f, fq_lo = 0.0f, fq_hi = 0.0f;
   // Layout of x, z and y: 0 = plain NCHW, 8 or 16 = channel-blocked, kChannelsLast = NHWC
   // (runtime/cpu/channel_blocks.h), as passes/block_conv_layout marks them. A blocked tensor is used
   // by oneDNN as it is.

@@ -50,29 +50,14 @@ FakeQuantLayout fake_quant_layout(const ir::Node& node, const Shape& x, const Te
 
 namespace {
 
-// The magic-constant rounding is exact for |v| <= 2^22; int8/uint8/4-bit ranges are far inside,
-// wider ranges (FakeQuant allows any within int32) round with nearbyint.
-constexpr float kMagicRoundLimit = 4194304.0f;
-
-// y = DequantizeLinear(QuantizeLinear(x)) computed as quantize_run and dequantize_run compute the
-// pair (quant_internal.h): v = x / s, NaN to 0, clamped to [qmin - zp, qmax - zp] (integers, so
-// clamping before rounding equals clamping after), rounded half to even, times s. Without the
-// libm call (kWide false) the loop vectorizes.
 template <bool kWide>
 void fake_quantize_loop(const float* __restrict x, int64_t n, float s, float lo, float hi, float* __restrict y) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i] / s;
-    v = v != v ? 0.0f : v;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    // Both give +0 for a rounded zero: nearbyint keeps -0, so + 0.0f; the magic sum never yields -0.
-    v = kWide ? std::nearbyint(v) + 0.0f : (v + quant::kRoundMagic) - quant::kRoundMagic;
-    y[i] = v * s;
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = fake_quantize_value<kWide>(x[i], s, lo, hi);
 }
 
+// Without the libm call (kWide false) the loop vectorizes.
 void fake_quantize_run(const float* x, int64_t n, float s, float lo, float hi, float* y) {
-  if (lo < -kMagicRoundLimit || hi > kMagicRoundLimit) return fake_quantize_loop<true>(x, n, s, lo, hi, y);
+  if (fake_quant_wide(lo, hi)) return fake_quantize_loop<true>(x, n, s, lo, hi, y);
   fake_quantize_loop<false>(x, n, s, lo, hi, y);
 }
 

@@ -1,0 +1,27 @@
+#pragma once
+#include "passes/pass.h"
+
+namespace mpq::passes {
+
+// Inference-time fusion for `mpq run` on the CPU: an mpq::FakeQuant with one scale (what
+// fuse_qdq_pair makes of a QDQ model's activation QuantizeLinear -> DequantizeLinear pair) right
+// after a float32 Conv or mpq::FusedConv runs in the convolution's epilogue, as the attribute
+// fake_quant = [scale, qmin - zero_point, qmax - zero_point]. The values are FakeQuant's
+// (runtime/cpu/fake_quant.h, fake_quantize_value; oneDNN as post-ops: division, clamp, rounding
+// half to even, product), except that a NaN stays NaN where FakeQuant makes it 0. One pass over
+// the activation fewer, and the quantization runs on the convolution's threads, on data still in
+// cache: a separate FakeQuant on a second thread read what the other core had written.
+//
+// Guarded: the convolution's output is read by this FakeQuant alone and is no graph output; the
+// convolution has no fake_quant yet; scale and zero point are constant scalars (float32, int32).
+class FuseConvFakeQuant : public NodeRewritePass {
+ public:
+  std::string name() const override { return "fuse_conv_fake_quant"; }
+  std::vector<std::string> target_ops() const override { return {"FakeQuant"}; }
+
+ protected:
+  bool match(const ir::Model& model, const ir::Node& node) const override;
+  void apply(ir::Model& model, ir::Node& node, PassStats& stats) override;
+};
+
+}  // namespace mpq::passes
