@@ -189,7 +189,8 @@ void setup_run(CLI::App& sub, Action& action) {
                "before it, a residual Add and activation after a Conv run in its epilogue, written-out "
                "LayerNorm and GELU run as one node each, a MatMul's bias Add runs in its GEMM, and in a QDQ "
                "model constant DequantizeLinear is folded and each activation QuantizeLinear -> "
-               "DequantizeLinear pair runs as one node, with the same values)");
+               "DequantizeLinear pair runs as one node, or in the epilogue of the Conv before it, with the "
+               "same values)");
   sub.add_flag("--profile", o->profile,
                "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
