@@ -149,12 +149,17 @@ void FuseConvActivation::apply(ir::Model& model, ir::Node& node, PassStats& stat
     if (!params.empty()) conv->set_attr(ir::Attribute::make_floats("activation_params", params));
   }
   make_fused_conv(model, *conv);
-  ir::Value* out = node.output(0);
-  const std::string what = node.label();
-  g.remove_node(&node);
-  g.set_node_output(conv, 0, out);
+  absorb_into_conv(model, *conv, node, stats);
+}
+
+void absorb_into_conv(ir::Model& model, ir::Node& conv, ir::Node& absorbed, PassStats& stats) {
+  ir::Graph& g = *model.graph;
+  ir::Value* out = absorbed.output(0);
+  const std::string what = absorbed.label();
+  g.remove_node(&absorbed);
+  g.set_node_output(&conv, 0, out);
   ++stats.changed;
-  stats.notes.push_back(fmt::format("fused {} into {}", what, conv->label()));
+  stats.notes.push_back(fmt::format("fused {} into {}", what, conv.label()));
 }
 
 }  // namespace mpq::passes

@@ -30,6 +30,10 @@ inline constexpr const char* kFusedConvOp = "FusedConv";
 
 inline bool is_fused_conv(const ir::Node& n) { return n.domain == kFusedConvDomain && n.op_type == kFusedConvOp; }
 
+// Removes `absorbed` (an op now computed in `conv`'s epilogue) and makes `conv` write its output
+// value instead of its own; counts and notes the fusion.
+void absorb_into_conv(ir::Model& model, ir::Node& conv, ir::Node& absorbed, PassStats& stats);
+
 // Turns a Conv into an mpq::FusedConv (same inputs and attributes; the model gets the mpq opset).
 inline void make_fused_conv(ir::Model& model, ir::Node& conv) {
   conv.op_type = kFusedConvOp;

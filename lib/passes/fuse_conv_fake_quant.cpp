@@ -1,7 +1,5 @@
 #include "passes/fuse_conv_fake_quant.h"
 
-#include <fmt/format.h>
-
 #include <cmath>
 
 #include "passes/fuse_conv_activation.h"
@@ -61,15 +59,9 @@ void FuseConvFakeQuant::apply(ir::Model& model, ir::Node& node, PassStats& stats
   float s = 0, lo = 0, hi = 0;
   scalar_fake_quant(node, s, lo, hi);
   ir::Node* conv = fusable_producer(model, node);
-  ir::Graph& g = *model.graph;
   make_fused_conv(model, *conv);
   conv->set_attr(ir::Attribute::make_floats("fake_quant", {s, lo, hi}));
-  ir::Value* out = node.output(0);
-  const std::string what = node.label();
-  g.remove_node(&node);
-  g.set_node_output(conv, 0, out);
-  ++stats.changed;
-  stats.notes.push_back(fmt::format("fused {} into {}", what, conv->label()));
+  absorb_into_conv(model, *conv, node, stats);
 }
 
 }  // namespace mpq::passes
