@@ -1,6 +1,7 @@
 #pragma once
 // Tensor: a dtype, a shape and a reference-counted buffer on the host or a device. Copies share the
-// buffer; clone() copies it. Kernels never write into a tensor they did not allocate.
+// buffer; clone() copies it. Kernels never write into a tensor they did not allocate, except an
+// input whose buffer nothing else holds any more (KernelContext::input_reusable).
 #include <cstdint>
 #include <initializer_list>
 #include <memory>

@@ -28,6 +28,9 @@ ir::Node* fusable_conv(const ir::Model& model, const ir::Value* v, bool allow_z,
   const bool plain = p->domain.empty() && p->op_type == "Conv";
   if (!plain && !is_fused_conv(*p)) return nullptr;
   if (is_fused_conv(*p) && (p->has_attr("activation") || (!allow_z && p->input(3)))) return nullptr;
+  // A fused fake quantization comes last in the epilogue: an Add or activation after it cannot
+  // move before it.
+  if (p->has_attr("fake_quant")) return nullptr;
   // float32 only: a float16 Conv rounds its output before the activation, which fusion would skip.
   DType elem = v->type.is_tensor() ? v->type.elem : DType::Undefined;
   if (elem == DType::Undefined) {

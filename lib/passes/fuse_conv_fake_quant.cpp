@@ -25,8 +25,9 @@ bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi) {
   }
   const int64_t qmin = fq.attr_int("qmin", -128), qmax = fq.attr_int("qmax", 127);
   if (qmin >= qmax || zp < qmin || zp > qmax) return false;
-  // Exact in float: bounds within 2^24.
-  if (qmin - zp < -(int64_t{1} << 24) || qmax - zp > (int64_t{1} << 24)) return false;
+  // FakeQuant computes float(qmin) - zp in float32; within 2^24 that equals float(qmin - zp).
+  constexpr int64_t kExact = int64_t{1} << 24;
+  if (qmin < -kExact || qmax > kExact || qmin - zp < -kExact || qmax - zp > kExact) return false;
   lo = static_cast<float>(qmin - zp);
   hi = static_cast<float>(qmax - zp);
   return true;

@@ -8,12 +8,15 @@ namespace mpq::passes {
 // after a float32 Conv or mpq::FusedConv runs in the convolution's epilogue, as the attribute
 // fake_quant = [scale, qmin - zero_point, qmax - zero_point]. The values are FakeQuant's
 // (runtime/cpu/fake_quant.h, fake_quantize_value; oneDNN as post-ops: division, clamp, rounding
-// half to even, product), except that a NaN stays NaN where FakeQuant makes it 0. One pass over
+// half to even, product), except for a NaN: FakeQuant and mpq's kernels make it 0, oneDNN's
+// post-ops (qmin - zero_point) * scale. One pass over
 // the activation fewer, and the quantization runs on the convolution's threads, on data still in
 // cache: a separate FakeQuant on a second thread read what the other core had written.
 //
 // Guarded: the convolution's output is read by this FakeQuant alone and is no graph output; the
-// convolution has no fake_quant yet; scale and zero point are constant scalars (float32, int32).
+// convolution has no fake_quant yet; scale (float32) and zero point (any integer type) are
+// constant scalars; qmin and qmax lie within +-2^24, where they and their difference with the zero
+// point are exact in float32.
 class FuseConvFakeQuant : public NodeRewritePass {
  public:
   std::string name() const override { return "fuse_conv_fake_quant"; }

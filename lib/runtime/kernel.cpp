@@ -1,5 +1,6 @@
 #include "runtime/kernel.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace mpq::rt {
@@ -20,7 +21,11 @@ bool KernelContext::input_reusable(size_t i) const {
   if (!reusable_ || i >= reusable_->size() || !(*reusable_)[i] || !has_input(i)) return false;
   const Tensor& t = *inputs_[i];
   // use_count 1: the executor's slot is the only holder, so writing cannot be seen elsewhere.
-  return t.is_host() && t.buffer() && t.buffer().use_count() == 1;
+  if (!t.is_host() || !t.buffer() || t.buffer().use_count() != 1) return false;
+  // use_count is a relaxed read: order this thread's writes after another thread's reads of the
+  // buffer before it dropped its copy (per-layer validation hands tensors between threads).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return true;
 }
 
 Tensor& KernelContext::alloc_output(size_t i, DType dtype, Shape shape) {

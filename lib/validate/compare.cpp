@@ -56,7 +56,7 @@ class Lockstep {
     if (cand_failed_) throw Error(ErrorKind::Internal, "candidate failed");  // stop the reference early
     if (cand_done_) return;
     pending_bytes_ += static_cast<int64_t>(t.nbytes());
-    pending_[v.name()] = t;  // shares the buffer: the executor never writes into a produced tensor
+    pending_[v.name()] = t;  // shares the buffer, which keeps kernels from reusing it (input_reusable)
     peak_ = std::max(peak_, pending_bytes_);
     if (pending_bytes_ >= window_) {
       turn_ = Turn::Cand;

@@ -34,6 +34,8 @@ struct Options {
   bool conv_output_read_twice = false;  // an Identity also reads the first Conv's output
   bool conv_output_is_graph_output = false;
   bool per_channel = false;  // FakeQuant with one scale per channel: not fused
+  bool sigmoid_after_quant = false;  // DequantizeLinear -> Sigmoid -> the second Conv
+  bool relu = true;                  // the first Conv's Relu (without it, the Conv feeds Q directly)
 };
 
 Model qdq_conv_model(const Options& o) {
@@ -48,8 +50,11 @@ Model qdq_conv_model(const Options& o) {
                            g.add_initializer("b1", test::random_tensor({16}, 62))},
                           {c1}, "conv1");
   conv->set_attr(Attribute::make_ints("pads", {1, 1, 1, 1}));
-  Value* r = g.add_value("r", ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
-  g.add_node("Relu", {c1}, {r}, "relu1");
+  Value* r = c1;
+  if (o.relu) {
+    r = g.add_value("r", ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+    g.add_node("Relu", {c1}, {r}, "relu1");
+  }
   Value* q = g.add_value("q");
   Value* s = o.per_channel ? g.add_initializer("s", test::random_tensor({16}, 63, 0.02f, 0.05f))
                            : g.add_initializer("s", Tensor::from<float>({}, {0.037f}));
@@ -61,6 +66,11 @@ Model qdq_conv_model(const Options& o) {
   if (o.per_channel) {
     qn->set_attr(Attribute::make_int("axis", 1));
     dqn->set_attr(Attribute::make_int("axis", 1));
+  }
+  if (o.sigmoid_after_quant) {
+    Value* sg = g.add_value("sg");
+    g.add_node("Sigmoid", {dq}, {sg}, "sigmoid");
+    dq = sg;
   }
   Value* y = g.add_value("y");
   g.add_node("Conv", {dq, g.add_initializer("w2", test::random_tensor({8, 16, 1, 1}, 64))}, {y}, "conv2");
@@ -120,13 +130,32 @@ TEST_CASE("fuse_conv_fake_quant moves a one-scale FakeQuant into the convolution
   CHECK(fq[1] == 0.0f - 7.0f);
   CHECK(fq[2] == 255.0f - 7.0f);
   const Tensor x = test::random_tensor({2, 16, 9, 7}, 65, -3.0f, 3.0f);
-  const Tensor want = run_model(original, x, 1)[0];  // QuantizeLinear and DequantizeLinear as written
   for (const rt::cpu::OnednnUse use : {rt::cpu::OnednnUse::Off, rt::cpu::OnednnUse::Auto, rt::cpu::OnednnUse::Always})
     for (const int threads : {1, 2}) {
       INFO("oneDNN use " << static_cast<int>(use) << ", " << threads << " thread(s)");
       rt::cpu::ScopedOnednn scope(use);
+      // QuantizeLinear and DequantizeLinear as written, the convolution chosen as in the fused run.
+      const Tensor want = run_model(original, x, threads)[0];
       CHECK(same_bits(run_model(m, x, threads)[0], want));
     }
+}
+
+TEST_CASE("an activation after a fused fake quantization stays a node of its own", "[passes][fuse_conv_fake_quant]") {
+  // Conv -> Q -> DQ -> Sigmoid: once the quantization is in the convolution, the Sigmoid after it
+  // must not join the epilogue (it would run before the quantization).
+  Options o;
+  o.sigmoid_after_quant = true;
+  o.relu = false;
+  const Model original = qdq_conv_model(o);
+  Model m = fused(original);
+  passes::FuseConvActivation act;
+  passes::run_pass(act, m);
+  CHECK(verify(m).empty());
+  CHECK(count_op(m, "Sigmoid") == 1);
+  for (const auto& node : m.graph->nodes())
+    if (node->has_attr("fake_quant")) CHECK_FALSE(node->has_attr("activation"));
+  const Tensor x = test::random_tensor({2, 16, 9, 7}, 67, -3.0f, 3.0f);
+  CHECK(same_bits(run_model(m, x, 2)[0], run_model(original, x, 2)[0]));
 }
 
 TEST_CASE("fuse_conv_fake_quant leaves guarded cases alone", "[passes][fuse_conv_fake_quant]") {
@@ -191,7 +220,11 @@ TEST_CASE("FusedConv's fake_quant gives fake_quantize_value's bits at ties and b
           rt::ThreadPool pool(1);
           rt::cpu::to_channel_blocks(pool, x.data<float>(), in.data<float>(), 1, C, S, block);
         }
+        const uint64_t before = rt::cpu::onednn_conv_count();
         Tensor got = test::run_node("FusedConv", {in, w}, attrs, 1, 17, threads, "mpq")[0];
+        // In the CPU's own block oneDNN has a direct kernel: the post-ops, not mpq's kernels, ran.
+        if (use == rt::cpu::OnednnUse::Always && block != 0 && block == rt::cpu::onednn_channel_block())
+          CHECK(rt::cpu::onednn_conv_count() == before + 1);
         if (block != 0) {
           Tensor plain(DType::Float32, got.shape());
           rt::ThreadPool pool(1);

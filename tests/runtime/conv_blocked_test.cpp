@@ -308,7 +308,10 @@ TEST_CASE("FusedConv sums into a dying Z's buffer only where nothing else can se
   const Tensor zin = test::random_tensor({2, 16, 9, 7}, 44, -2.0f, 2.0f);
   Tensor zr(DType::Float32, zin.shape());
   for (int64_t i = 0; i < zin.numel(); ++i) zr.data<float>()[i] = std::max(0.0f, zin.data<float>()[i]);
-  for (const int64_t x_block : {int64_t{0}, int64_t{16}})  // plain path, channel-blocked path
+  // The plain path, and the channel-blocked path in the block oneDNN's direct kernels take here.
+  std::vector<int64_t> x_blocks{0};
+  if (rt::cpu::onednn_channel_block() > 0) x_blocks.push_back(rt::cpu::onednn_channel_block());
+  for (const int64_t x_block : x_blocks)
     for (const ZUse use : {ZUse::DiesHere, ZUse::ReadLater, ZUse::GraphOutput, ZUse::Feed})
       for (const int threads : {1, 2}) {
         INFO("x_block " << x_block << " z use " << static_cast<int>(use) << " threads " << threads);
@@ -414,4 +417,61 @@ TEST_CASE("Conv keeps its checks per shape: a new shape is checked and derived a
                     Catch::Contains("Z is float32[2,16,9,7]"));
   check(1, 9, 7);
   check(2, 9, 7);
+}
+
+TEST_CASE("FusedConv sums in place into a dying channel-blocked Z", "[conv][state][inplace][blocked]") {
+  // z = FusedConv(zin) writing the CPU's block; y = FusedConv(x, W, B, z) with X, Z and Y in that
+  // block: oneDNN's direct kernel reads and writes that layout, so Z is neither copied nor
+  // reordered when Y takes its buffer.
+  const int64_t block = rt::cpu::onednn_channel_block();
+  if (block == 0) return;  // built without oneDNN, or switched off: nothing reuses here
+  const BlockCase k{2, 16, 16, 1, {9, 7}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 81);
+  const Tensor b = test::random_tensor({16}, 82);
+  const Tensor wz = test::random_tensor({16, 16, 3, 3}, 83);
+  const Tensor bz = test::random_tensor({16}, 84);
+  const Tensor x = test::random_tensor({2, 16, 9, 7}, 85, -2.0f, 2.0f);
+  const Tensor zin = test::random_tensor({2, 16, 9, 7}, 86, -2.0f, 2.0f);
+  WindowGeometry geo;
+  geo.pads = {1, 1, 1, 1};
+  const Tensor z = rt::cpu::conv_ref(zin, wz, &bz, geo);
+  const Tensor want = want_of(x, w, b, &z, k);
+  for (const int threads : {1, 2}) {
+    INFO(threads << " thread(s)");
+    ir::Model m;
+    m.set_opset("", 17);
+    m.set_opset("mpq", 1);
+    ir::Graph& g = *m.graph;
+    ir::Value* xv = g.add_value("x", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+    ir::Value* zinv = g.add_value("zin", ir::ValueType::tensor(DType::Float32, Shape{2, 16, 9, 7}));
+    g.add_input(xv);
+    g.add_input(zinv);
+    ir::Value* zv = g.add_value("z");
+    ir::Node* zn = g.add_node("FusedConv", {zinv, g.add_initializer("wz", wz), g.add_initializer("bz", bz)}, {zv}, "zconv");
+    zn->domain = "mpq";
+    zn->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+    zn->set_attr(ir::Attribute::make_int("y_block", block));
+    ir::Value* y = g.add_value("y");
+    ir::Node* n = g.add_node("FusedConv", {xv, g.add_initializer("w", w), g.add_initializer("b", b), zv}, {y}, "conv");
+    n->domain = "mpq";
+    n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+    n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+    for (const char* a : {"x_block", "z_block", "y_block"}) n->set_attr(ir::Attribute::make_int(a, block));
+    g.add_output(y);
+    rt::ExecOptions eo;
+    eo.threads = threads;
+    rt::Executor exec(m, eo);
+    const void* z_buffer = nullptr;
+    const void* y_buffer = nullptr;
+    exec.set_observer([&](const ir::Value& v, const Tensor& t) {
+      if (v.name() == "z") z_buffer = t.raw_data();
+      if (v.name() == "y") y_buffer = t.raw_data();
+    });
+    const uint64_t before = rt::cpu::onednn_conv_count();
+    const Tensor got = exec.run({{"x", blocked(x, block)}, {"zin", zin}})[0];
+    CHECK(rt::cpu::onednn_conv_count() == before + 2);
+    CHECK(test::max_abs_diff(unblocked(got, block), want) <= 1e-3);
+    REQUIRE(z_buffer != nullptr);
+    CHECK(y_buffer == z_buffer);
+  }
 }

@@ -177,8 +177,9 @@ dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
   if (s.fake_quant) {
     // fake_quantize_value: a division (a multiply by 1/s would round differently), the clamp to
     // the integer bounds, rounding half to even, and the product with s (linear with beta 0: one
-    // rounding, as v * s). A NaN is not mapped to 0 as FakeQuant does (oneDNN's clip keeps it);
-    // mpq::FusedConv is for `mpq run`, where a NaN activation is already wrong.
+    // rounding, as v * s). A NaN is not mapped to 0 as FakeQuant does: oneDNN's clip (max, then
+    // min) turns it into the lower bound, so it comes out as fq_lo * s. mpq::FusedConv is for
+    // `mpq run`, where a NaN activation is already wrong.
     po.append_binary(A::binary_div, memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw));
     po.append_eltwise(1.0f, A::eltwise_clip, s.fq_lo, s.fq_hi);
     po.append_eltwise(1.0f, A::eltwise_round, 0.0f, 0.0f);
@@ -523,9 +524,12 @@ void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory&
     r.execute(stream, from, to);
     return;
   }
+  struct RestoreTeam {
+    int team;
+    ~RestoreTeam() { omp_set_num_threads(team); }
+  } restore{team};
   omp_set_num_threads(1);
   r.execute(stream, from, to);
-  omp_set_num_threads(team);
 }
 
 }  // namespace
