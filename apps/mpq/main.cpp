@@ -120,8 +120,8 @@ bool machine_busy() {
 // 0.050 ms; the batch-8 rows unchanged (tcache_count 32: 0.062, 128 and 1024: as 64). libgomp,
 // OpenBLAS and glibc read these variables when they are loaded (before main), so mpq sets them
 // and runs itself again; values the user set are kept (OMP_WAIT_POLICY or GOMP_SPINCOUNT set: mpq
-// sets neither; GLIBC_TUNABLES set: left as it is). MPQ_IDLE_THREADS says what was chosen (spin or
-// sleep).
+// sets neither; a GLIBC_TUNABLES that names tcache_count is left as it is, another one gets the
+// setting appended). MPQ_IDLE_THREADS says what was chosen (spin or sleep).
 void set_runtime_environment(char** argv) {
   if (std::getenv("MPQ_THREAD_ENV_SET") != nullptr) return;  // already re-run
   bool changed = false;
@@ -131,7 +131,12 @@ void set_runtime_environment(char** argv) {
     setenv("MPQ_IDLE_THREADS", busy ? "sleep" : "spin", 1);
   }
   if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) changed |= setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0;
-  if (std::getenv("GLIBC_TUNABLES") == nullptr) changed |= setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=64", 1) == 0;
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const std::string tcache = "glibc.malloc.tcache_count=64";
+  if (tunables == nullptr || *tunables == '\0')
+    changed |= setenv("GLIBC_TUNABLES", tcache.c_str(), 1) == 0;
+  else if (std::string(tunables).find("glibc.malloc.tcache_count") == std::string::npos)
+    changed |= setenv("GLIBC_TUNABLES", (std::string(tunables) + ":" + tcache).c_str(), 1) == 0;
   if (!changed || setenv("MPQ_THREAD_ENV_SET", "1", 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the defaults
 }

@@ -24,7 +24,9 @@ class FuseConvActivation : public NodeRewritePass {
 };
 
 // The domain and op type of the fused node, and the activations it accepts (attribute
-// "activation"; its parameters in "activation_params").
+// "activation"; its parameters in "activation_params"). Later passes add "fake_quant"
+// (fuse_conv_fake_quant: quantization after the activation, last in the epilogue) and
+// "x_block"/"z_block"/"y_block" (block_conv_layout: the tensors' layouts).
 inline constexpr const char* kFusedConvDomain = "mpq";
 inline constexpr const char* kFusedConvOp = "FusedConv";
 
