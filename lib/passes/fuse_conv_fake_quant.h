@@ -7,7 +7,7 @@ namespace mpq::passes {
 // fuse_qdq_pair makes of a QDQ model's activation QuantizeLinear -> DequantizeLinear pair) right
 // after a float32 Conv or mpq::FusedConv runs in the convolution's epilogue, as the attribute
 // fake_quant = [scale, qmin - zero_point, qmax - zero_point]. The values are FakeQuant's
-// (runtime/cpu/fake_quant.h, fake_quantize_value; oneDNN as post-ops: division, clamp, rounding
+// (runtime/cpu/quant_internal.h, fake_quantize_value; oneDNN as post-ops: division, clamp, rounding
 // half to even, product), except for a NaN: FakeQuant and mpq's kernels make it 0, oneDNN's
 // post-ops (qmin - zero_point) * scale. One pass over
 // the activation fewer, and the quantization runs on the convolution's threads, on data still in

@@ -15,7 +15,7 @@
 #include "passes/pass.h"
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
-#include "runtime/cpu/fake_quant.h"
+#include "runtime/cpu/quant_internal.h"
 #include "runtime/executor.h"
 #include "runtime/thread_pool.h"
 #include "test_util.h"
@@ -198,14 +198,14 @@ TEST_CASE("FusedConv's fake_quant gives fake_quantize_value's bits at ties and b
   }
   Tensor want(DType::Float32, x.shape());
   for (int64_t i = 0; i < x.numel(); ++i)
-    want.data<float>()[i] = rt::cpu::fake_quantize_value<false>(x.data<float>()[i], s, lo, hi);
+    want.data<float>()[i] = rt::cpu::quant::fake_quantize_value<false>(x.data<float>()[i], s, lo, hi);
   // Spot checks of the reference itself: a tie rounds to even, the bounds clamp, -0 gives +0.
-  CHECK(rt::cpu::fake_quantize_value<false>(0.5f * s, s, lo, hi) == 0.0f);
-  CHECK(rt::cpu::fake_quantize_value<false>(1.5f * s, s, lo, hi) == 2.0f * s);
-  CHECK(rt::cpu::fake_quantize_value<false>(-2.5f * s, s, lo, hi) == -2.0f * s);
-  CHECK(rt::cpu::fake_quantize_value<false>(100.0f, s, lo, hi) == hi * s);
-  CHECK(rt::cpu::fake_quantize_value<false>(-100.0f, s, lo, hi) == lo * s);
-  CHECK_FALSE(std::signbit(rt::cpu::fake_quantize_value<false>(-0.0f, s, lo, hi)));
+  CHECK(rt::cpu::quant::fake_quantize_value<false>(0.5f * s, s, lo, hi) == 0.0f);
+  CHECK(rt::cpu::quant::fake_quantize_value<false>(1.5f * s, s, lo, hi) == 2.0f * s);
+  CHECK(rt::cpu::quant::fake_quantize_value<false>(-2.5f * s, s, lo, hi) == -2.0f * s);
+  CHECK(rt::cpu::quant::fake_quantize_value<false>(100.0f, s, lo, hi) == hi * s);
+  CHECK(rt::cpu::quant::fake_quantize_value<false>(-100.0f, s, lo, hi) == lo * s);
+  CHECK_FALSE(std::signbit(rt::cpu::quant::fake_quantize_value<false>(-0.0f, s, lo, hi)));
   (void)S;
   for (const int64_t block : {int64_t{0}, int64_t{16}, rt::cpu::kChannelsLast})
     for (const rt::cpu::OnednnUse use : {rt::cpu::OnednnUse::Off, rt::cpu::OnednnUse::Always})

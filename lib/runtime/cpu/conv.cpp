@@ -22,7 +22,7 @@
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
-#include "runtime/cpu/fake_quant.h"
+#include "runtime/cpu/quant_internal.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cpu/register_all.h"
@@ -71,7 +71,7 @@ struct Epilogue {
   float p0 = 0.0f, p1 = 0.0f;
   const void* z = nullptr;  // same type and shape as Y
   // Then fake quantization with one scale (passes/fuse_conv_fake_quant, the FakeQuant of a QDQ
-  // model's activation): fake_quantize_value(v, fq_scale, fq_lo, fq_hi). Float32 only.
+  // model's activation): quant::fake_quantize_value(v, fq_scale, fq_lo, fq_hi). Float32 only.
   enum class Quant { None, Narrow, Wide };  // Wide: fake_quant_wide(fq_lo, fq_hi)
   Quant quant = Quant::None;
   float fq_scale = 1.0f, fq_lo = 0.0f, fq_hi = 0.0f;
@@ -121,7 +121,7 @@ void epilogue_row(const T* src, T bias, const T* z, T* dst, int64_t n, T a, T b,
     v = activate<A>(v, a, b);
     if constexpr (Q != Epilogue::Quant::None) {
       static_assert(std::is_same_v<T, float>, "fused fake quantization is float32 only");
-      v = fake_quantize_value<Q == Epilogue::Quant::Wide>(v, q.s, q.lo, q.hi);
+      v = quant::fake_quantize_value<Q == Epilogue::Quant::Wide>(v, q.s, q.lo, q.hi);
     }
     dst[i] = v;
   }
@@ -578,7 +578,7 @@ Epilogue read_epilogue(const KernelContext& ctx, const Tensor& y_like, const Sha
     e.fq_scale = v[0];
     e.fq_lo = v[1];
     e.fq_hi = v[2];
-    e.quant = fake_quant_wide(v[1], v[2]) ? Epilogue::Quant::Wide : Epilogue::Quant::Narrow;
+    e.quant = quant::fake_quant_wide(v[1], v[2]) ? Epilogue::Quant::Wide : Epilogue::Quant::Narrow;
   }
   if (const Tensor* z = ctx.input_or_null(3)) {
     if (z->dtype() != y_like.dtype() || z->shape() != yshape)
@@ -677,6 +677,12 @@ struct ConvSetup {
   }
 };
 
+// Whether FusedConv's Z may become Y's buffer (oneDNN's sum post-op adds what Y holds): the
+// executor lets this node reuse it and it is not X's buffer too.
+bool z_dies_here(const KernelContext& ctx, const Tensor& x, const Epilogue& epi) {
+  return epi.z && ctx.input_reusable(3) && !ctx.input(3).same_buffer(x);
+}
+
 // Checks the inputs and attributes and derives the setup (every failure names the node).
 void prepare_conv(const KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, ConvSetup& st) {
   st.dtype = DType::Undefined;  // invalid until complete
@@ -731,7 +737,7 @@ void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights, ConvSet
     // Y = conv(...) + Z in place of a Z that dies here: oneDNN's sum post-op adds what Y holds,
     // so Y needs no copy of Z first. Only where Z and Y share a layout (then oneDNN reorders
     // both or neither) and never into X's buffer.
-    const bool in_place = epi.z && io.z == io.y && ctx.input_reusable(3) && !ctx.input(3).same_buffer(x);
+    const bool in_place = io.z == io.y && z_dies_here(ctx, x, epi);
     if (in_place) {
       ctx.set_output(0, ctx.input(3));
     } else {
@@ -761,8 +767,7 @@ void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights, ConvSet
     ctx.set_output(0, std::move(y));
     return;
   }
-  if (x.dtype() == DType::Float32 && epi.z && win.rank() <= 2 && C > 0 && ctx.input_reusable(3) &&
-      !ctx.input(3).same_buffer(x)) {
+  if (x.dtype() == DType::Float32 && win.rank() <= 2 && C > 0 && z_dies_here(ctx, x, epi)) {
     // In place of a dying Z, as above, where oneDNN takes the convolution.
     ctx.set_output(0, ctx.input(3));
     Tensor& y = ctx.output(0);

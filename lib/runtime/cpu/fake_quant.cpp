@@ -52,12 +52,12 @@ namespace {
 
 template <bool kWide>
 void fake_quantize_loop(const float* __restrict x, int64_t n, float s, float lo, float hi, float* __restrict y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = fake_quantize_value<kWide>(x[i], s, lo, hi);
+  for (int64_t i = 0; i < n; ++i) y[i] = quant::fake_quantize_value<kWide>(x[i], s, lo, hi);
 }
 
 // Without the libm call (kWide false) the loop vectorizes.
 void fake_quantize_run(const float* x, int64_t n, float s, float lo, float hi, float* y) {
-  if (fake_quant_wide(lo, hi)) return fake_quantize_loop<true>(x, n, s, lo, hi, y);
+  if (quant::fake_quant_wide(lo, hi)) return fake_quantize_loop<true>(x, n, s, lo, hi, y);
   fake_quantize_loop<false>(x, n, s, lo, hi, y);
 }
 

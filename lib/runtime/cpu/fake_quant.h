@@ -8,7 +8,6 @@
 // Attributes: qmin, qmax (the integer range: [-128, 127] int8 activations, [0, 255] uint8,
 // [-127, 127] int8 weights, [-7, 7] 4-bit weights); axis (the channel axis when scale has more than
 // one element). scale: float32 scalar or [C]; zero_point: optional int32 scalar or [C] (0 when absent).
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -45,24 +44,5 @@ bool fake_quantize_bias(const float* bias, int64_t channels, float input_scale, 
 
 // y = fake_quantize(x) over the layout, parallel over channel runs.
 void fake_quantize(ThreadPool& pool, const FakeQuantLayout& l, const float* x, float* y);
-
-// One element with one scale s and the range [lo, hi] = [qmin - zp, qmax - zp], as
-// fake_quantize computes it: v = x / s, NaN to 0, clamped (the bounds are integers, so clamping
-// before rounding equals clamping after), rounded half to even, times s. kWide: a bound beyond
-// 2^22, where the magic-number rounding (which vectorizes) is not exact and nearbyint rounds.
-// mpq::FusedConv's fused fake quantization (passes/fuse_conv_fake_quant) uses it too.
-inline constexpr float kFakeQuantMagicLimit = 4194304.0f;
-inline bool fake_quant_wide(float lo, float hi) { return lo < -kFakeQuantMagicLimit || hi > kFakeQuantMagicLimit; }
-template <bool kWide>
-inline float fake_quantize_value(float x, float s, float lo, float hi) {
-  float v = x / s;
-  v = v != v ? 0.0f : v;
-  v = v < lo ? lo : v;
-  v = v > hi ? hi : v;
-  // Both give +0 for a rounded zero: nearbyint keeps -0, so + 0.0f; the magic sum never yields -0.
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds half to even
-  v = kWide ? std::nearbyint(v) + 0.0f : (v + kMagic) - kMagic;
-  return v * s;
-}
 
 }  // namespace mpq::rt::cpu

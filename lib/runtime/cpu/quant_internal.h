@@ -1,6 +1,7 @@
 #pragma once
 // Internal helpers shared by the quantization kernels (quant.cpp, quant_gemm.cpp). The scalar
 // ground truth for every formula here is lib/calib/quant_ref.{h,cpp}; tests compare bit for bit.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -36,6 +37,25 @@ std::vector<float> read_scales(const KernelContext& ctx, const Tensor& t, const 
 // with plain SSE2. Callers clamp v to the (small) integer range first. The project compiles in
 // ISO C++ mode (-ffp-contract=off), so no multiply is fused into the addition.
 inline constexpr float kRoundMagic = 12582912.0f;
+
+// One element of mpq::FakeQuant (fake_quant.cpp) with one scale s and the range [lo, hi] =
+// [qmin - zp, qmax - zp]: v = x / s, NaN to 0, clamped (the bounds are integers, so clamping
+// before rounding equals clamping after), rounded half to even, times s; the pair quantize_run and
+// dequantize computes. kWide: a bound beyond 2^22 (kMagicRoundLimit), where the magic-number
+// rounding is not exact and nearbyint rounds. mpq::FusedConv's fused fake quantization
+// (passes/fuse_conv_fake_quant) uses it too.
+inline constexpr float kMagicRoundLimit = 4194304.0f;
+inline bool fake_quant_wide(float lo, float hi) { return lo < -kMagicRoundLimit || hi > kMagicRoundLimit; }
+template <bool kWide>
+inline float fake_quantize_value(float x, float s, float lo, float hi) {
+  float v = x / s;
+  v = v != v ? 0.0f : v;
+  v = v < lo ? lo : v;
+  v = v > hi ? hi : v;
+  // Both give +0 for a rounded zero: nearbyint keeps -0, so + 0.0f; the magic sum never yields -0.
+  v = kWide ? std::nearbyint(v) + 0.0f : (v + kRoundMagic) - kRoundMagic;
+  return v * s;
+}
 
 // y[i] = saturate(round_half_to_even(x[i] / scale) + zp), one scale for the run.
 template <typename Q>
