@@ -35,7 +35,8 @@ namespace {
 // core idle for that time. So small tensors are only held (the handle shares the buffer: no copy)
 // and folded all at once after the run, one tensor per pool task: tensors are independent, so no
 // locks. Large ones are folded at once with each pass split over the pool. Held bytes are capped,
-// so memory stays bounded by the cap, not by the model's total activation size.
+// so memory stays bounded by the cap, not by the model's total activation size. With one thread
+// there is nothing to overlap: each tensor is folded at once, while it is still in cache.
 class ActivationStats {
  public:
   ActivationStats(bool histogram, int bins, rt::ThreadPool& pool) : histogram_(histogram), bins_(bins), pool_(pool) {}
@@ -53,7 +54,7 @@ class ActivationStats {
     const size_t slot = it->second;
     Tensor f = d == DType::Float32 ? t : rt::widen_to_float32(t);
     const size_t bytes = static_cast<size_t>(f.numel()) * sizeof(float);
-    if (bytes >= kLargeBytes) {
+    if (bytes >= kLargeBytes || pool_.size() <= 1 || may_be_overwritten(v)) {
       stats_[slot].add(f.data<float>(), f.numel(), &pool_);
       return;
     }
@@ -64,6 +65,15 @@ class ActivationStats {
     held_.push_back({slot, std::move(f)});
     held_bytes_ += bytes;
     if (held_bytes_ >= kMaxHeldBytes) flush();
+  }
+
+  // Whether a later kernel may write its output into this value's buffer (FusedConv's residual Z,
+  // input 3, when the value dies there; see KernelContext::input_reusable). Holding the handle
+  // until the flush would make that kernel copy Z first, which costs more than folding it now.
+  static bool may_be_overwritten(const ir::Value& v) {
+    for (const ir::Use& u : v.uses())
+      if (u.input_index == 3 && u.node->op_type == "FusedConv") return true;
+    return false;
   }
 
   void flush() {
