@@ -69,4 +69,30 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   if (error) std::rethrow_exception(error);
 }
 
+void ThreadPool::run_per_thread(int n, const std::function<void(int)>& fn) {
+  if (n <= 0) return;
+  if (threads_ == 1 || n == 1 || inside_parallel_loop()) {
+    LoopDepth depth;
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::exception_ptr error;
+  std::mutex error_mu;
+  const int team = std::min(threads_, n);
+#pragma omp parallel num_threads(team)
+  {
+    LoopDepth depth;
+    // OpenMP may give fewer threads than asked for: each takes every team-th task.
+    for (int i = omp_get_thread_num(); i < n; i += omp_get_num_threads()) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace mpq::rt

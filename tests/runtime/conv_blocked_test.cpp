@@ -292,6 +292,7 @@ TEST_CASE("FusedConv state with blocked input, residual and output across batch 
     const Tensor got = unblocked(exec.run({{"x", blocked(in, 8)}, {"z", blocked(res, 8)}})[0], 8);
     CHECK(test::max_abs_diff(got, want) <= 1e-3);
   }
+  // One count per convolution, also where the batch of 3 was split over the two threads.
   if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() == before + 4);
 }
 
@@ -473,5 +474,62 @@ TEST_CASE("FusedConv sums in place into a dying channel-blocked Z", "[conv][stat
     CHECK(test::max_abs_diff(unblocked(got, block), want) <= 1e-3);
     REQUIRE(z_buffer != nullptr);
     CHECK(y_buffer == z_buffer);
+  }
+}
+
+TEST_CASE("A batch split over the threads gives each image the bits of the whole-batch convolution",
+          "[conv][state][split]") {
+  // With constant weights, a batch and two threads, oneDNN convolves each thread's images with a
+  // single-thread primitive (one part per thread; an odd batch gives parts of different sizes).
+  // Every image must come out as the one-thread, whole-batch convolution computes it, on the plain
+  // and the channel-blocked path, with a residual, and a batch of one is not split.
+  if (!rt::cpu::onednn_available()) {
+    WARN("oneDNN is not compiled in: no batch split to test");
+    return;
+  }
+  rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);
+  const BlockCase k{0, 16, 16, 1, {11, 9}, {3, 3}, {1, 1}, {1, 1, 1, 1}};
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 51);
+  const Tensor b = test::random_tensor({16}, 52);
+  std::vector<int64_t> blocks{0};
+  if (rt::cpu::onednn_channel_block() > 0) blocks.push_back(rt::cpu::onednn_channel_block());
+  for (const int64_t block : blocks) {
+    ir::Model m;
+    m.set_opset("", 17);
+    m.set_opset("mpq", 1);
+    ir::Graph& g = *m.graph;
+    auto type = [] {
+      return ir::ValueType::tensor(DType::Float32, std::vector<ir::Dim>{ir::Dim::symbol("N"), ir::Dim::fixed(16),
+                                                                       ir::Dim::fixed(11), ir::Dim::fixed(9)});
+    };
+    ir::Value* x = g.add_value("x", type());
+    ir::Value* z = g.add_value("z", type());
+    g.add_input(x);
+    g.add_input(z);
+    ir::Value* y = g.add_value("y");
+    ir::Node* n = g.add_node("FusedConv", {x, g.add_initializer("w", w), g.add_initializer("b", b), z}, {y}, "conv");
+    n->domain = "mpq";
+    n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+    n->set_attr(ir::Attribute::make_string("activation", "Relu"));
+    if (block)
+      for (const char* a : {"x_block", "z_block", "y_block"}) n->set_attr(ir::Attribute::make_int(a, block));
+    g.add_output(y);
+    rt::ExecOptions one, two;
+    one.threads = 1;
+    two.threads = 2;
+    rt::Executor whole(m, one), split(m, two);
+    uint32_t seed = 5200;
+    for (const int64_t batch : {3, 8, 1, 2}) {
+      INFO("block " << block << " batch " << batch);
+      const Tensor in = test::random_tensor({batch, 16, 11, 9}, seed++, -2.0f, 2.0f);
+      const Tensor res = test::random_tensor({batch, 16, 11, 9}, seed++, -2.0f, 2.0f);
+      const rt::Feeds feeds{{"x", blocked(in, block)}, {"z", blocked(res, block)}};
+      const Tensor want = whole.run(feeds)[0];
+      const uint64_t before = rt::cpu::onednn_batch_split_count();
+      const Tensor got = split.run(feeds)[0];
+      CHECK(rt::cpu::onednn_batch_split_count() == before + (batch > 1 ? 1 : 0));
+      CHECK(test::max_abs_diff(got, want) == 0.0);
+      CHECK(test::max_abs_diff(unblocked(got, block), want_of(in, w, b, &res, k)) <= 1e-3);
+    }
   }
 }

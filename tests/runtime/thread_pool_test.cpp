@@ -82,6 +82,41 @@ TEST_CASE("an exception in a chunk reaches the caller and the pool stays usable"
   }
 }
 
+TEST_CASE("run_per_thread runs task i on team thread i, every task once, inline when nested", "[thread_pool]") {
+  for (int threads : {1, 2, 3}) {
+    rt::ThreadPool pool(threads);
+    for (int n : {1, 2, 3}) {
+      INFO(threads << " threads, " << n << " tasks");
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> off_thread{0};
+      pool.run_per_thread(n, [&](int task) {
+        hits[static_cast<size_t>(task)]++;
+        // With fewer threads than tasks a thread takes every team-th task.
+        if (n <= threads && n > 1 && omp_get_thread_num() != task) ++off_thread;
+      });
+      for (int i = 0; i < n; ++i) REQUIRE(hits[static_cast<size_t>(i)].load() == 1);
+      REQUIRE(off_thread.load() == 0);
+    }
+  }
+  rt::ThreadPool pool(2);
+  std::atomic<int> nested_off_thread{0}, nested_tasks{0};
+  pool.parallel_for(4, 1, [&](int64_t, int64_t) {
+    const int me = omp_get_thread_num();
+    pool.run_per_thread(2, [&](int) {
+      if (omp_get_thread_num() != me) ++nested_off_thread;
+      ++nested_tasks;
+    });
+  });
+  REQUIRE(nested_off_thread.load() == 0);
+  REQUIRE(nested_tasks.load() == 8);
+  REQUIRE_THROWS_WITH(pool.run_per_thread(2,
+                                          [](int task) {
+                                            if (task == 1) throw std::runtime_error("task 1 failed");
+                                          }),
+                      "task 1 failed");
+  REQUIRE_FALSE(rt::ThreadPool::inside_parallel_loop());
+}
+
 namespace {
 
 // C = alpha * op(A) * op(B) + beta * C0 in float64, row-major with leading dimensions.

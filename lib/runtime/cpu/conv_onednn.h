@@ -111,6 +111,9 @@ bool onednn_allowed_here();
 
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
+// How many of them ran with the batch split over the threads, one part of the images per thread
+// (inference with constant weights, a batch, a convolution large enough for every thread).
+uint64_t onednn_batch_split_count();
 
 // y = act(conv(x, w) + bias + z) through oneDNN, where it is enabled, measured faster than mpq's
 // kernels for the shape, and has a direct (jit) kernel for it; returns false, computing nothing,
@@ -123,7 +126,10 @@ uint64_t onednn_conv_count();
 // output in one fixed order. With s.blocked(), x, z and y are in the layouts s names, and oneDNN runs
 // the shape whenever it has a direct kernel for it (mpq's kernels would need both conversions).
 // With `constant_weights`, w must hold the same values on every call made with that state (the
-// reordered copy is reused while w's address and the plan stay the same).
+// reordered copy is reused while w's address and the plan stay the same), and a batch of at least
+// two images on a pool of several threads is split into whole images, one part per thread, each
+// run by a single-thread primitive (where the convolution is large enough for every thread): each
+// image's outputs are summed as in the unsplit call.
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y, OnednnConvState* constant_weights = nullptr);
 
