@@ -25,10 +25,12 @@ class ThreadPool {
   // exception thrown by a chunk is rethrown here. A call from inside a parallel loop (a kernel
   // calling another) and a job of one chunk run on the calling thread.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
-  // Runs fn(0) ... fn(n - 1), task i on team thread i (n <= size()), and returns when all are
-  // done; the first exception is rethrown here. Unlike parallel_for's chunks, handed out from a
-  // counter, the assignment is fixed: the same thread runs task i on every call, so what a task
-  // leaves in its core's cache is there for the next call's task i. A nested call runs inline.
+  // Runs fn(0) ... fn(n - 1), task i on team thread i (with fewer threads than tasks, a thread
+  // takes every team-th task), and returns when all are done; the first exception is rethrown
+  // here. Unlike parallel_for's chunks, handed out from a counter, the assignment is fixed: the
+  // same OpenMP thread (usually on the same core: threads are not pinned) runs task i on every
+  // call, so what task i left in cache is usually still there for the next call's. A nested call
+  // runs inline.
   void run_per_thread(int n, const std::function<void(int task)>& fn);
   // True on a thread that is running a chunk of a parallel_for (where a nested one runs inline).
   static bool inside_parallel_loop();

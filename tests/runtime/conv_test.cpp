@@ -376,6 +376,11 @@ TEST_CASE("ConvTranspose matches the reference", "[conv][transpose]") {
   check_transpose_case({2, 5, 3, 1, {6, 7}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++, DType::Float64);
   // Large enough that OpenBLAS threads the GEMM.
   check_transpose_case({1, 64, 32, 1, {16, 16}, {4, 4}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++);
+  // Per-image GEMMs above the single-thread size on two threads: a batch that fills the threads
+  // evenly (2, 8 images) runs one image per task, each with its own column buffer; 3 images split
+  // each GEMM and col2im over the threads instead.
+  for (const int64_t n : {2, 3, 8})
+    check_transpose_case({n, 64, 32, 1, {8, 8}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
 }
 
 TEST_CASE("ConvTranspose output_shape and auto_pad", "[conv][transpose]") {

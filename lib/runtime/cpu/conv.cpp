@@ -900,6 +900,9 @@ TransposeGeometry transpose_window(const KernelContext& ctx, const std::vector<i
   return t;
 }
 
+// ConvTranspose's column buffers up to this size stay allocated on their thread between calls.
+constexpr size_t kKeptColumnBytes = size_t{4} << 20;
+
 template <typename T>
 void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G,
                           const TransposeGeometry& tg, Tensor& y) {
@@ -916,10 +919,10 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
   prefill_bias(pool, yp, N * M, S, M, bp);
   if (Sin == 0 || Cg == 0) return;
   const int64_t tasks = N * G;
-  // One (image, group) per task where there are at least as many as threads (U-Net's upsampling at
-  // batch 8: two parallel loops per image were 0.12 ms on two threads, no faster than on one);
+  // One (image, group) per task where they fill every thread evenly, or nearly (U-Net's upsampling
+  // at batch 8: two parallel loops per image were 0.12 ms on two threads, no faster than on one);
   // otherwise each GEMM and col2im is split over the pool.
-  const bool spread = blas_runs_single_threaded(MgK, Sin, Cg) || tasks >= pool.size();
+  const bool spread = blas_runs_single_threaded(MgK, Sin, Cg) || tasks % pool.size() == 0 || tasks >= 4 * pool.size();
   bool pointwise = true;
   for (int d = 0; d < 3; ++d)
     if (g.k[d] != 1 || g.s[d] != 1 || g.pb[d] != 0 || g.out[d] != g.in[d]) pointwise = false;
@@ -939,21 +942,18 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     col2im(pool, col, Mg, g, yp + (n * M + gi * Mg) * S);
   };
   const size_t col_elems = static_cast<size_t>(MgK * Sin);
-  // One column buffer per thread, kept between calls (see the convolution's scratch above).
-  auto scratch = [col_elems]() -> T* {
-    thread_local std::vector<T> col;
+  // One column buffer per thread, kept between calls where it is small (the whole column matrix of
+  // an image, not tiled like the convolution's): a larger one is allocated per call, not held for
+  // the life of the thread.
+  auto run = [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<T> kept;
+    std::vector<T> once;
+    std::vector<T>& col = col_elems * sizeof(T) <= kKeptColumnBytes ? kept : once;
     if (col.size() < col_elems) col.resize(col_elems);
-    return col.data();
+    for (int64_t t = lo; t < hi; ++t) one_task(t, col.data());
   };
-  if (spread && tasks > 1) {
-    pool.parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
-      T* col = scratch();
-      for (int64_t t = lo; t < hi; ++t) one_task(t, col);
-    });
-  } else {
-    T* col = scratch();
-    for (int64_t t = 0; t < tasks; ++t) one_task(t, col);
-  }
+  if (spread && tasks > 1) pool.parallel_for(tasks, 1, run);
+  else run(0, tasks);
 }
 
 void conv_transpose_kernel(KernelContext& ctx) {

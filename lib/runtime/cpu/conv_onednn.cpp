@@ -508,12 +508,14 @@ struct OnednnConvState::Impl {
   const float* source = nullptr;
   std::shared_ptr<Plan> reordered_for;
   Scratch weights;
-  // With the batch split over the threads (forward_split): one state per part, and whether the
-  // last split shape had a direct single-thread kernel for every part.
+  // With the batch split over the threads (forward_split): one state per part, whether the last
+  // split shape had a direct single-thread kernel for every part, and the plan whose weight layout
+  // all parts share (the reordered copy is then `weights` above), null where each keeps its own.
   std::vector<std::unique_ptr<Impl>> parts;
   DnnlConvShape split_shape;
   int split_threads = 0, split_policy = -1;
-  bool split_usable = false;
+  bool split_valid = false, split_usable = false;
+  std::shared_ptr<Plan> split_weights_plan;
 };
 OnednnConvState::OnednnConvState() : impl(std::make_unique<Impl>()) {}
 OnednnConvState::~OnednnConvState() = default;
@@ -540,7 +542,6 @@ void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory&
   r.execute(stream, from, to);
 }
 
-
 // MPQ_BATCH_SPLIT=0 in the environment keeps every batch whole (for comparisons).
 bool batch_split_enabled() {
   static const bool enabled = [] {
@@ -550,12 +551,12 @@ bool batch_split_enabled() {
   return enabled;
 }
 
-
 int current_policy() { return (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1); }
 
-// One convolution (or one part of a split batch) on `threads` threads.
+// One convolution (or one part of a split batch) on `threads` threads. `packed`, where not null,
+// holds w already in the plan's weight layout (shared by the parts of a split batch).
 bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
-                   const float* z, float* y, OnednnConvState::Impl* st) {
+                   const float* z, float* y, OnednnConvState::Impl* st, const float* packed = nullptr) {
   std::shared_ptr<Plan> p;
   const int policy = current_policy();
   if (st && st->valid && st->shape == s && st->threads == threads && st->policy == policy) {
@@ -592,7 +593,9 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->dst_bytes));
   b.uwei.set_data_handle(const_cast<float*>(w));
   if (p->reorder_wei) {
-    if (st) {
+    if (packed) {
+      b.wei.set_data_handle(const_cast<float*>(packed));
+    } else if (st) {
       // Constant weights: reordered once per plan and source.
       b.wei.set_data_handle(st->weights.get(p->wei_bytes));
       if (st->source != w || st->reordered_for != p) {
@@ -622,11 +625,11 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   return true;
 }
 
-// One part of a split convolution: its shape and where its tensors start in the whole one's
-// (x, y and z in elements, w in elements, bias in channels).
+// One part of a split convolution: its shape and where its X and its Y (and Z) start in the whole
+// convolution's, in elements.
 struct Part {
   DnnlConvShape shape;
-  int64_t x_offset = 0, y_offset = 0, w_offset = 0, bias_offset = 0;
+  int64_t x_offset = 0, y_offset = 0;
 };
 
 // How a convolution on `threads` threads is split into parts, one per thread, each convolved by a
@@ -638,11 +641,14 @@ struct Part {
 // stride-2 16 -> 32 one), but the unsplit ones after them slower (16 -> 25 us), 3-6% slower in all.
 std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
-  if (threads < 2 || s.n < 2 || ThreadPool::inside_parallel_loop() || omp_in_parallel() || !batch_split_enabled())
-    return parts;
+  if (threads < 2 || ThreadPool::inside_parallel_loop() || !batch_split_enabled()) return parts;
+  // Fewer images than threads would leave threads idle that oneDNN's own split uses; a batch that
+  // does not divide evenly waits for the larger parts (3 images on 2 threads: 2 image-times, where
+  // oneDNN's split takes about 1.5), unless there are many images per thread.
+  if (s.n < threads || (s.n % threads != 0 && s.n < 4 * threads)) return parts;
   // A convolution too small for a second thread runs on one, whole.
   if (team_size(s, threads) < threads) return parts;
-  const int64_t count = std::min<int64_t>(threads, s.n);
+  const int64_t count = threads;
   for (int64_t i = 0, at = 0; i < count; ++i) {
     Part p;
     p.shape = s;
@@ -655,31 +661,55 @@ std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   return parts;
 }
 
-// Runs part i as task i of the pool, with a single-thread primitive. Every part must have a direct
-// kernel before any runs: a part left to mpq's kernels would mean redoing the whole convolution,
-// and with Y in Z's buffer the parts already done would have overwritten Z. Checked once per shape
-// with the node's state.
+// Runs part i as task i of the pool, with a single-thread primitive and its own state (each part
+// keeps its own copy of the reordered weights). Every part must have a direct kernel before any
+// runs: a part left to mpq's kernels would mean redoing the whole convolution, and with Y in Z's
+// buffer the parts already done would have overwritten Z. Checked once per shape with the node's
+// state.
 bool forward_split(ThreadPool& pool, const std::vector<Part>& parts, const DnnlConvShape& s, const float* x,
                    const float* w, const float* bias, const float* z, float* y, OnednnConvState::Impl& st) {
   const int policy = current_policy();
-  if (!(st.split_shape == s && st.split_threads == pool.size() && st.split_policy == policy)) {
-    st.split_usable = false;
+  if (!(st.split_valid && st.split_shape == s && st.split_threads == pool.size() && st.split_policy == policy)) {
+    // Everything that may throw first: a half-updated state must never look valid.
+    st.split_valid = false;
+    std::vector<std::shared_ptr<Plan>> plans;
+    for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, false));
+    const bool usable = std::find(plans.begin(), plans.end(), nullptr) == plans.end();
+    // The parts share one reordered copy of the weights where every part's plan takes them in the
+    // same layout (parts of equal size share the plan itself).
+    bool share = usable && plans[0]->reorder_wei;
+    for (const auto& q : plans) share = share && q->pd.weights_desc() == plans[0]->pd.weights_desc();
+    std::vector<std::unique_ptr<OnednnConvState::Impl>> states;
+    for (size_t i = 0; i < parts.size(); ++i) states.push_back(std::make_unique<OnednnConvState::Impl>());
+    st.parts = std::move(states);
+    st.split_weights_plan = share ? plans[0] : nullptr;
+    st.split_usable = usable;
     st.split_shape = s;
     st.split_threads = pool.size();
     st.split_policy = policy;
-    bool usable = true;
-    for (const Part& part : parts) usable = usable && usable_plan(1, part.shape, false) != nullptr;
-    st.parts.clear();
-    for (size_t i = 0; i < parts.size(); ++i) st.parts.push_back(std::make_unique<OnednnConvState::Impl>());
-    st.split_usable = usable;
+    st.split_valid = true;
   }
   if (!st.split_usable) return false;
+  // The shared weights, reordered once on this thread (the parts only read them).
+  const float* packed = nullptr;
+  if (const std::shared_ptr<Plan>& wp = st.split_weights_plan) {
+    float* dst = st.weights.get(wp->wei_bytes);
+    if (st.source != w || st.reordered_for != wp) {
+      thread_local dnnl::stream stream(engine());
+      memory from(wp->user_wei, engine(), const_cast<float*>(w)), to(wp->pd.weights_desc(), engine(), dst);
+      wp->wei_in.execute(stream, from, to);
+      stream.wait();
+      st.source = w;
+      st.reordered_for = wp;
+    }
+    packed = dst;
+  }
   std::vector<char> ran(parts.size(), 0);
   pool.run_per_thread(static_cast<int>(parts.size()), [&](int task) {
     const auto k = static_cast<size_t>(task);
     const Part& p = parts[k];
-    ran[k] = forward_whole(1, p.shape, x + p.x_offset, w + p.w_offset, bias ? bias + p.bias_offset : nullptr,
-                           z ? z + p.y_offset : nullptr, y + p.y_offset, st.parts[k].get());
+    ran[k] = forward_whole(1, p.shape, x + p.x_offset, w, bias, z ? z + p.y_offset : nullptr, y + p.y_offset,
+                           st.parts[k].get(), packed);
   });
   // Checked above for these shapes; a part that still did not run is a bug, not a fallback.
   if (std::find(ran.begin(), ran.end(), 0) != ran.end()) fail_internal("oneDNN convolution: a split part did not run");

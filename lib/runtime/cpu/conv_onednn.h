@@ -119,7 +119,7 @@ uint64_t onednn_batch_split_count();
 // kernels for the shape, and has a direct (jit) kernel for it; returns false, computing nothing,
 // otherwise. x is [N, C, IH, IW], w [M, C/G, KH, KW], y and z [N, M, OH, OW], all dense NCHW;
 // `bias` and `z` may be null when s.bias / s.residual are false. The oneDNN threads (OpenMP) are
-// set to pool.size() for the call. Shapes where oneDNN would fall back to im2col + GEMM (grouped
+// set for the call: up to pool.size(), fewer for a small convolution (onednn_team_size). Shapes where oneDNN would fall back to im2col + GEMM (grouped
 // convolutions whose channels per group are not a multiple of its vector block, for instance) are
 // left to mpq: that is what mpq does too, and oneDNN's GEMM splits its reduction by thread count,
 // so its results would not be the same bits on one thread and on two; its direct kernels sum every
@@ -127,9 +127,11 @@ uint64_t onednn_batch_split_count();
 // the shape whenever it has a direct kernel for it (mpq's kernels would need both conversions).
 // With `constant_weights`, w must hold the same values on every call made with that state (the
 // reordered copy is reused while w's address and the plan stay the same), and a batch of at least
-// two images on a pool of several threads is split into whole images, one part per thread, each
-// run by a single-thread primitive (where the convolution is large enough for every thread): each
-// image's outputs are summed as in the unsplit call.
+// one image per thread (an even split, or 4 or more per thread) on a pool of several threads is
+// split into whole images, one part per thread, each run by a single-thread primitive, where the
+// convolution is large enough for every thread. oneDNN's direct kernels sum each output in an
+// order set by the shape's blocking, not by the batch or thread count: conv_blocked_test checks
+// that a split batch gives the unsplit one's bits.
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                          const float* z, float* y, OnednnConvState* constant_weights = nullptr);
 
