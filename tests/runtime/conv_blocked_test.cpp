@@ -59,6 +59,21 @@ Tensor want_of(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* 
   return y;
 }
 
+// Where the executor put the values named z and y, recorded by an observer that holds neither (a
+// held copy would forbid the buffer reuse under test).
+struct ZYBuffers {
+  const void* z = nullptr;
+  const void* y = nullptr;
+  explicit ZYBuffers(rt::Executor& exec) {
+    exec.set_observer([this](const ir::Value& v, const Tensor& t) {
+      if (v.name() == "z") z = t.raw_data();
+      if (v.name() == "y") y = t.raw_data();
+    });
+  }
+  ZYBuffers(const ZYBuffers&) = delete;
+  ZYBuffers& operator=(const ZYBuffers&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("channel-blocked layout conversions follow [N, C/b, H*W, b] and invert each other", "[conv][blocked]") {
@@ -346,26 +361,21 @@ TEST_CASE("FusedConv sums into a dying Z's buffer only where nothing else can se
         rt::ExecOptions eo;
         eo.threads = threads;
         rt::Executor exec(m, eo);
-        const void* z_buffer = nullptr;
-        const void* y_buffer = nullptr;
-        exec.set_observer([&](const ir::Value& v, const Tensor& t) {
-          if (v.name() == "z") z_buffer = t.raw_data();
-          if (v.name() == "y") y_buffer = t.raw_data();
-        });
+        ZYBuffers buffers(exec);
         const Tensor feed_z = use == ZUse::Feed ? zr.clone() : Tensor();
         rt::Feeds feeds{{"x", blocked(x, x_block)}};
         if (use == ZUse::Feed) feeds.emplace("z", feed_z);
         else feeds.emplace("zin", zin);
         const std::vector<Tensor> outs = exec.run(feeds);
         CHECK(test::max_abs_diff(outs[0], want_of(x, w, b, &zr, k)) <= 1e-3);
-        REQUIRE(y_buffer != nullptr);
+        REQUIRE(buffers.y != nullptr);
         if (use == ZUse::Feed) {
           CHECK(test::max_abs_diff(feed_z, zr) == 0.0);  // the caller's tensor is untouched
         } else {
-          REQUIRE(z_buffer != nullptr);
+          REQUIRE(buffers.z != nullptr);
           // The reuse itself, where oneDNN runs the convolution (it adds what Y holds).
-          if (use == ZUse::DiesHere && rt::cpu::onednn_enabled()) CHECK(y_buffer == z_buffer);
-          if (use != ZUse::DiesHere) CHECK(y_buffer != z_buffer);
+          if (use == ZUse::DiesHere && rt::cpu::onednn_enabled()) CHECK(buffers.y == buffers.z);
+          if (use != ZUse::DiesHere) CHECK(buffers.y != buffers.z);
           if (use == ZUse::ReadLater) CHECK(test::max_abs_diff(outs[1], zr) == 0.0);
           if (use == ZUse::GraphOutput) CHECK(test::max_abs_diff(outs[1], zr) == 0.0);
         }
@@ -465,20 +475,15 @@ TEST_CASE("FusedConv sums in place into a dying channel-blocked Z", "[conv][stat
     rt::ExecOptions eo;
     eo.threads = threads;
     rt::Executor exec(m, eo);
-    const void* z_buffer = nullptr;
-    const void* y_buffer = nullptr;
-    exec.set_observer([&](const ir::Value& v, const Tensor& t) {
-      if (v.name() == "z") z_buffer = t.raw_data();
-      if (v.name() == "y") y_buffer = t.raw_data();
-    });
+    ZYBuffers buffers(exec);
     const uint64_t before = rt::cpu::onednn_conv_count();
     const uint64_t split_before = rt::cpu::onednn_batch_split_count();
     const Tensor got = exec.run({{"x", blocked(x, block)}, {"zin", zin}})[0];
     CHECK(rt::cpu::onednn_conv_count() == before + 2);
     CHECK(rt::cpu::onednn_batch_split_count() == split_before + (threads == 2 ? 2 : 0));
     CHECK(test::max_abs_diff(unblocked(got, block), want) <= 1e-3);
-    REQUIRE(z_buffer != nullptr);
-    CHECK(y_buffer == z_buffer);
+    REQUIRE(buffers.z != nullptr);
+    CHECK(buffers.y == buffers.z);
   }
 }
 

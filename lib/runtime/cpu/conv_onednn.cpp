@@ -494,6 +494,13 @@ struct Bound {
   }
 };
 
+// One part of a split convolution: its shape and where its X and its Y (and Z) start in the whole
+// convolution's, in elements.
+struct Part {
+  DnnlConvShape shape;
+  int64_t x_offset = 0, y_offset = 0;
+};
+
 }  // namespace
 
 struct OnednnConvState::Impl {
@@ -512,6 +519,7 @@ struct OnednnConvState::Impl {
   // split shape had a direct single-thread kernel for every part, and the plan whose weight layout
   // all parts share (the reordered copy is then `weights` above), null where each keeps its own.
   std::vector<std::unique_ptr<Impl>> parts;
+  std::vector<Part> split_parts;  // empty: the shape runs whole
   DnnlConvShape split_shape;
   int split_threads = 0, split_policy = -1;
   bool split_valid = false, split_usable = false;
@@ -553,6 +561,19 @@ bool batch_split_enabled() {
 
 int current_policy() { return (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1); }
 
+// Constant weights w in p's layout, kept in st: reordered once per plan and source.
+const float* kept_weights(OnednnConvState::Impl& st, const std::shared_ptr<Plan>& p, const float* w,
+                          const dnnl::stream& stream) {
+  float* dst = st.weights.get(p->wei_bytes);
+  if (st.source != w || st.reordered_for != p) {
+    memory from(p->user_wei, engine(), const_cast<float*>(w)), to(p->pd.weights_desc(), engine(), dst);
+    p->wei_in.execute(stream, from, to);
+    st.source = w;
+    st.reordered_for = p;
+  }
+  return dst;
+}
+
 // One convolution (or one part of a split batch) on `threads` threads. `packed`, where not null,
 // holds w already in the plan's weight layout (shared by the parts of a split batch).
 bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
@@ -593,16 +614,8 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->dst_bytes));
   b.uwei.set_data_handle(const_cast<float*>(w));
   if (p->reorder_wei) {
-    if (packed) {
-      b.wei.set_data_handle(const_cast<float*>(packed));
-    } else if (st) {
-      // Constant weights: reordered once per plan and source.
-      b.wei.set_data_handle(st->weights.get(p->wei_bytes));
-      if (st->source != w || st->reordered_for != p) {
-        p->wei_in.execute(stream, b.uwei, b.wei);
-        st->source = w;
-        st->reordered_for = p;
-      }
+    if (packed || st) {
+      b.wei.set_data_handle(const_cast<float*>(packed ? packed : kept_weights(*st, p, w, stream)));
     } else {
       b.wei.set_data_handle(s_wei.get(p->wei_bytes));
       p->wei_in.execute(stream, b.uwei, b.wei);
@@ -625,13 +638,6 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   return true;
 }
 
-// One part of a split convolution: its shape and where its X and its Y (and Z) start in the whole
-// convolution's, in elements.
-struct Part {
-  DnnlConvShape shape;
-  int64_t x_offset = 0, y_offset = 0;
-};
-
 // How a convolution on `threads` threads is split into parts, one per thread, each convolved by a
 // single-thread primitive (see onednn_conv_forward); empty where it runs whole. A batch is split
 // into whole images (every layout here, NCHW, channel blocks and NHWC, keeps each image's C * H * W
@@ -641,7 +647,7 @@ struct Part {
 // stride-2 16 -> 32 one), but the unsplit ones after them slower (16 -> 25 us), 3-6% slower in all.
 std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
-  if (threads < 2 || ThreadPool::inside_parallel_loop() || !batch_split_enabled()) return parts;
+  if (threads < 2 || !batch_split_enabled()) return parts;
   // Fewer images than threads would leave threads idle that oneDNN's own split uses; a batch that
   // does not divide evenly waits for the larger parts (3 images on 2 threads: 2 image-times, where
   // oneDNN's split takes about 1.5), unless there are many images per thread.
@@ -661,20 +667,21 @@ std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   return parts;
 }
 
-// Runs part i as task i of the pool, with a single-thread primitive and its own state (each part
-// keeps its own copy of the reordered weights). Every part must have a direct kernel before any
-// runs: a part left to mpq's kernels would mean redoing the whole convolution, and with Y in Z's
-// buffer the parts already done would have overwritten Z. Checked once per shape with the node's
-// state.
-bool forward_split(ThreadPool& pool, const std::vector<Part>& parts, const DnnlConvShape& s, const float* x,
-                   const float* w, const float* bias, const float* z, float* y, OnednnConvState::Impl& st) {
+// Runs the convolution split (split_parts), part i as task i of the pool with a single-thread
+// primitive and its own state; false, computing nothing, where it is not split. The split, and
+// whether every part has a direct kernel, are decided once per shape with the node's state: every
+// part must have one before any runs, since a part left to mpq's kernels would mean redoing the
+// whole convolution, and with Y in Z's buffer the parts already done would have overwritten Z.
+bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                   const float* z, float* y, OnednnConvState::Impl& st) {
   const int policy = current_policy();
   if (!(st.split_valid && st.split_shape == s && st.split_threads == pool.size() && st.split_policy == policy)) {
     // Everything that may throw first: a half-updated state must never look valid.
     st.split_valid = false;
+    std::vector<Part> parts = split_parts(s, pool.size());
     std::vector<std::shared_ptr<Plan>> plans;
     for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, false));
-    const bool usable = std::find(plans.begin(), plans.end(), nullptr) == plans.end();
+    const bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
     // The parts share one reordered copy of the weights where every part's plan takes them in the
     // same layout (parts of equal size share the plan itself).
     bool share = usable && plans[0]->reorder_wei;
@@ -682,6 +689,7 @@ bool forward_split(ThreadPool& pool, const std::vector<Part>& parts, const DnnlC
     std::vector<std::unique_ptr<OnednnConvState::Impl>> states;
     for (size_t i = 0; i < parts.size(); ++i) states.push_back(std::make_unique<OnednnConvState::Impl>());
     st.parts = std::move(states);
+    st.split_parts = std::move(parts);
     st.split_weights_plan = share ? plans[0] : nullptr;
     st.split_usable = usable;
     st.split_shape = s;
@@ -690,19 +698,13 @@ bool forward_split(ThreadPool& pool, const std::vector<Part>& parts, const DnnlC
     st.split_valid = true;
   }
   if (!st.split_usable) return false;
+  const std::vector<Part>& parts = st.split_parts;
   // The shared weights, reordered once on this thread (the parts only read them).
   const float* packed = nullptr;
-  if (const std::shared_ptr<Plan>& wp = st.split_weights_plan) {
-    float* dst = st.weights.get(wp->wei_bytes);
-    if (st.source != w || st.reordered_for != wp) {
-      thread_local dnnl::stream stream(engine());
-      memory from(wp->user_wei, engine(), const_cast<float*>(w)), to(wp->pd.weights_desc(), engine(), dst);
-      wp->wei_in.execute(stream, from, to);
-      stream.wait();
-      st.source = w;
-      st.reordered_for = wp;
-    }
-    packed = dst;
+  if (st.split_weights_plan) {
+    thread_local dnnl::stream stream(engine());
+    packed = kept_weights(st, st.split_weights_plan, w, stream);
+    stream.wait();
   }
   std::vector<char> ran(parts.size(), 0);
   pool.run_per_thread(static_cast<int>(parts.size()), [&](int task) {
@@ -727,13 +729,10 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   // single-thread primitive instead of oneDNN splitting every image over the threads: no barrier
   // inside the convolution, no thread reading the other's part of an image, and each core keeps
   // the same images in its cache from one convolution to the next.
-  if (st) {
-    const std::vector<Part> parts = split_parts(s, threads);
-    if (!parts.empty() && forward_split(pool, parts, s, x, w, bias, z, y, *st)) {
-      g_conv_count.fetch_add(1, std::memory_order_relaxed);
-      g_split_count.fetch_add(1, std::memory_order_relaxed);
-      return true;
-    }
+  if (st && !ThreadPool::inside_parallel_loop() && forward_split(pool, s, x, w, bias, z, y, *st)) {
+    g_conv_count.fetch_add(1, std::memory_order_relaxed);
+    g_split_count.fetch_add(1, std::memory_order_relaxed);
+    return true;
   }
   if (!forward_whole(threads, s, x, w, bias, z, y, st)) return false;
   g_conv_count.fetch_add(1, std::memory_order_relaxed);
