@@ -91,15 +91,16 @@ __attribute__((target("avx2"))) MinMaxScan scan_avx2(const float* data, int64_t 
 // ---- binning: bin index floor(x * scale) + bins, clamped to the 2*bins signed bins, counted into
 // kLaneCopies interleaved copies of the counters (copy c at lanes + c * 2 * bins)
 
-uint64_t bin_scalar(const float* data, int64_t n, float scale, int bins, uint32_t* lanes) {
+// The scalar kernel multiplies in double: exact for every float and power-of-two scale, so it also
+// serves scales past float's range (a tensor of denormals) and the tails of the vector kernels.
+uint64_t bin_scalar(const float* data, int64_t n, double scale, int bins, uint32_t* lanes) {
   const int nbins = 2 * bins;
   uint64_t zeros = 0;
   for (int64_t i = 0; i < n; ++i) {
     zeros += data[i] == 0.0f;
-    const float y = data[i] * scale;
-    int fl = static_cast<int>(y);
-    fl -= (static_cast<float>(fl) > y) ? 1 : 0;
-    int idx = fl + bins;
+    const double y = static_cast<double>(data[i]) * scale;
+    // Clamped before the conversion: a value past the range must not overflow the int.
+    int idx = static_cast<int>(std::clamp(std::floor(y), -1.0 - bins, static_cast<double>(bins))) + bins;
     idx = idx < 0 ? 0 : (idx >= nbins ? nbins - 1 : idx);
     ++lanes[static_cast<size_t>(idx) + static_cast<size_t>(i % Histogram::kLaneCopies) * static_cast<size_t>(nbins)];
   }
@@ -111,6 +112,8 @@ uint64_t bin_scalar(const float* data, int64_t n, float scale, int bins, uint32_
 // neighbouring values that land in one bin (a ReLU's zeros, a smooth feature map) increment
 // different counters: incrementing one counter back to back waits on the previous store each time.
 // Where all 8 land in one bin (a constant image background) they are counted with one add.
+// x * scale is rounded to nearest in float; a negative x whose product underflows to -0 belongs
+// in bin -1 all the same, and is moved there.
 __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int64_t n, float scale, int bins,
                                                           uint32_t* lanes) {
   static_assert(8 % Histogram::kLaneCopies == 0, "lane copies must divide the vector width");
@@ -119,6 +122,7 @@ __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int6
   const __m256i vbins = _mm256_set1_epi32(bins);
   const __m256i first = _mm256_setzero_si256();
   const __m256i last = _mm256_set1_epi32(2 * bins - 1);
+  const __m256i minus_one = _mm256_set1_epi32(-1);
   alignas(32) int32_t offsets[8];
   for (int k = 0; k < 8; ++k) offsets[k] = (k % Histogram::kLaneCopies) * 2 * bins;
   const __m256i voffsets = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
@@ -127,7 +131,10 @@ __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int6
   alignas(32) int32_t lane[8];
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(data + i);
-    __m256i b = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_mul_ps(v, vscale)));
+    const __m256 y = _mm256_mul_ps(v, vscale);
+    __m256i b = _mm256_cvttps_epi32(_mm256_floor_ps(y));
+    const __m256 underflowed = _mm256_and_ps(_mm256_cmp_ps(y, zero, _CMP_EQ_OQ), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+    b = _mm256_add_epi32(b, _mm256_and_si256(_mm256_castps_si256(underflowed), minus_one));
     b = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(b, vbins), first), last);
     zeros += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_EQ_OQ)))));
     const __m256i lane0 = _mm256_permutevar8x32_epi32(b, first);
@@ -138,7 +145,7 @@ __attribute__((target("avx2,popcnt"))) uint64_t bin_avx2(const float* data, int6
     _mm256_store_si256(reinterpret_cast<__m256i*>(lane), _mm256_add_epi32(b, voffsets));
     for (int k = 0; k < 8; ++k) ++lanes[lane[k]];
   }
-  return zeros + bin_scalar(data + i, n - i, scale, bins, lanes);
+  return zeros + bin_scalar(data + i, n - i, static_cast<double>(scale), bins, lanes);
 }
 #endif
 
@@ -187,41 +194,50 @@ struct StagedRound {
 // inlined version (the reductions of min/max ran after it), and the dirty upper halves made
 // every SSE instruction that ran later on the thread slow: the entropy search after calibration
 // took 10x as long.
+//
+// Few vector instructions per 16 values, since only two ports run 512-bit ones (this loop was
+// half of the binning's time):
+// - the index is floor(x * scale) + bins by a multiply and a conversion, both rounding toward
+//   -inf: x * scale is exact (scale is a power of two), except that a product below float's range
+//   then rounds to the nearest denormal below it, never up to -0 (a tiny negative x stays in
+//   bin -1, as in the double-precision scalar kernel);
+// - one unsigned min keeps every index inside the counters: an in-range index needs no clamp
+//   (|x| < R, so |x * scale| < bins), and a negative one (NaN, or a value past the range in a round
+//   the caller then discards) wraps to a huge unsigned value;
+// - NaN and inf are found by accumulating x * 0, which is NaN exactly for those, instead of
+//   testing exponent bits per vector;
+// - the zeros are n minus the values staged, counted once per round.
 __attribute__((target("avx512f,avx512vl,avx2,popcnt"), noinline)) void stage_avx512(const float* data, int64_t n,
                                                                                     float scale, int bins,
                                                                                     int32_t* stage, StagedRound* r) {
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i vbins = _mm512_set1_epi32(bins);
-  const __m512i first = _mm512_setzero_si512();
   const __m512i last = _mm512_set1_epi32(2 * bins - 1);
-  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512 zero = _mm512_setzero_ps();
   __m512 lo = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   __m512 hi = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __mmask16 bad = 0;
+  __m512 nonfinite = zero;  // sum of x * 0: NaN once any x was NaN or inf
   int staged = 0;
-  uint64_t zeros = 0;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 valid = n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(valid, data + i);
+    const __m512 v = _mm512_maskz_loadu_ps(valid, data + i);  // masked-off lanes read as 0
     lo = _mm512_mask_min_ps(lo, valid, lo, v);
     hi = _mm512_mask_max_ps(hi, valid, hi, v);
-    bad |= _mm512_mask_cmpeq_epi32_mask(valid, _mm512_and_si512(_mm512_castps_si512(v), exponent), exponent);
-    const __mmask16 nonzero = _mm512_mask_cmp_ps_mask(valid, v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-    const __m512 y = _mm512_roundscale_ps(_mm512_mul_ps(v, vscale), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512i b = _mm512_cvttps_epi32(y);
-    b = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(b, vbins), first), last);
+    nonfinite = _mm512_fmadd_ps(v, zero, nonfinite);
+    const __mmask16 nonzero = _mm512_mask_cmp_ps_mask(valid, v, zero, _CMP_NEQ_UQ);
+    const __m512 y = _mm512_mul_round_ps(v, vscale, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512i b = _mm512_cvt_roundps_epi32(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    b = _mm512_min_epu32(_mm512_add_epi32(b, vbins), last);
     // A full store past the staged count is fine: the buffer has 16 spare entries and the next
     // store starts at the new count.
     _mm512_storeu_si512(stage + staged, _mm512_maskz_compress_epi32(nonzero, b));
-    const int kept = __builtin_popcount(static_cast<unsigned>(nonzero));
-    staged += kept;
-    zeros += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned>(valid)) - kept);
+    staged += __builtin_popcount(static_cast<unsigned>(nonzero));
   }
   _mm512_store_ps(r->lo, lo);
   _mm512_store_ps(r->hi, hi);
   r->staged = staged;
-  r->zeros = zeros;
-  r->all_finite = bad == 0;
+  r->zeros = static_cast<uint64_t>(n - staged);
+  r->all_finite = _mm512_cmp_ps_mask(nonfinite, nonfinite, _CMP_UNORD_Q) == 0;
   asm volatile("vzeroupper" ::: "memory");
 }
 #pragma GCC diagnostic pop
@@ -264,12 +280,19 @@ bool scan_and_bin_avx512(const float* data, int64_t n, float scale, int bins, fl
 }
 #endif
 
-uint64_t bin_values(const float* data, int64_t n, float scale, int bins, uint32_t* lanes) {
+// Whether the vector kernels can multiply by `scale` in float (not when the range is so small that
+// bins / R is past float's range).
+bool float_scale(double scale) { return scale <= static_cast<double>(std::numeric_limits<float>::max()); }
+
+uint64_t bin_values(const float* data, int64_t n, double scale, int bins, uint32_t* lanes) {
   const auto forced = static_cast<BinningKernel>(g_forced_binning.load(std::memory_order_relaxed));
 #ifdef MPQ_CALIB_X86
-  if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
-    return bin_avx512(data, n, scale, bins, lanes);
-  if (forced != BinningKernel::Scalar && have_avx2()) return bin_avx2(data, n, scale, bins, lanes);
+  if (float_scale(scale)) {
+    const float s = static_cast<float>(scale);
+    if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
+      return bin_avx512(data, n, s, bins, lanes);
+    if (forced != BinningKernel::Scalar && have_avx2()) return bin_avx2(data, n, s, bins, lanes);
+  }
 #endif
   (void)forced;
   return bin_scalar(data, n, scale, bins, lanes);
@@ -277,10 +300,11 @@ uint64_t bin_values(const float* data, int64_t n, float scale, int bins, uint32_
 
 // One pass of scan and binning over at most kStage values when the CPU has AVX-512 (see
 // scan_and_bin_avx512); false when it did nothing.
-bool scan_and_bin(const float* data, int64_t n, float scale, int bins, float limit, uint32_t* lanes, uint64_t* zeros,
+bool scan_and_bin(const float* data, int64_t n, double scale, int bins, float limit, uint32_t* lanes, uint64_t* zeros,
                   MinMaxScan* scan) {
 #ifdef MPQ_CALIB_X86
-  if (Histogram::one_pass_available()) return scan_and_bin_avx512(data, n, scale, bins, limit, lanes, zeros, scan);
+  if (Histogram::one_pass_available() && float_scale(scale))
+    return scan_and_bin_avx512(data, n, static_cast<float>(scale), bins, limit, lanes, zeros, scan);
 #endif
   (void)data, (void)n, (void)scale, (void)bins, (void)limit, (void)lanes, (void)zeros, (void)scan;
   return false;
@@ -390,7 +414,7 @@ void Histogram::add(const float* data, int64_t n, float max_abs) {
   if (!prepare(n, max_abs)) return;
   // bins / R is a power of two, so x * scale is exact and its floor is the exact bin offset from
   // the centre: this matches add_ref() bit for bit.
-  const float scale = static_cast<float>(bins_ / range_);
+  const double scale = bins_ / range_;
   constexpr int64_t kPiece = int64_t{1} << 31;  // a 32-bit lane copy holds any one piece
   for (int64_t begin = 0; begin < n; begin += kPiece) {
     const int64_t len = std::min(kPiece, n - begin);
@@ -415,7 +439,7 @@ int64_t Histogram::add_scanned(const float* data, int64_t n, MinMaxScan& scan) {
     MinMaxScan r;
     uint64_t zeros = 0;
     // Once a range exists, most rounds fit it: then one pass does both (AVX-512).
-    if (range_ > 0.0 && scan_and_bin(round, len, static_cast<float>(bins_ / range_), bins_, static_cast<float>(range_),
+    if (range_ > 0.0 && scan_and_bin(round, len, bins_ / range_, bins_, static_cast<float>(range_),
                                      lanes_for(len), &zeros, &r)) {
       total_ += static_cast<uint64_t>(len);
       exact_zeros_ += zeros;
@@ -435,7 +459,7 @@ void Histogram::add_parallel(const float* data, int64_t n, float max_abs, rt::Th
   const int64_t chunks = chunk_count(&pool, n);
   if (chunks <= 1 || n > std::numeric_limits<uint32_t>::max()) return add(data, n, max_abs);
   if (!prepare(n, max_abs)) return;
-  const float scale = static_cast<float>(bins_ / range_);
+  const double scale = bins_ / range_;
   const int64_t nbins = static_cast<int64_t>(counts_.size());
   const size_t lane_size = static_cast<size_t>(kLaneCopies * nbins);
   // Chunk 0 bins straight into the histogram's lanes; the others into their own, folded after.
@@ -465,8 +489,10 @@ void Histogram::add_ref(const float* data, int64_t n) {
   }
   if (max_abs >= range_) widen_to(std::nextafter(static_cast<double>(max_abs), INFINITY));
   for (int64_t i = 0; i < n; ++i) {
-    double pos = (static_cast<double>(data[i]) + range_) / (2.0 * range_) * (2 * bins_);
-    int idx = std::clamp(static_cast<int>(std::floor(pos)), 0, 2 * bins_ - 1);
+    // Signed bin i covers [-R + i * R / bins, -R + (i + 1) * R / bins). x * (bins / R) is exact in
+    // double (a power-of-two scale of a float), so its floor is the exact bin offset from the centre.
+    const double offset = std::floor(static_cast<double>(data[i]) * (bins_ / range_));
+    int idx = static_cast<int>(std::clamp(offset + bins_, 0.0, 2.0 * bins_ - 1));
     ++counts_[static_cast<size_t>(idx)];
   }
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <cmath>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "calib/calibrator.h"
@@ -72,13 +73,18 @@ TEST_CASE("histogram add agrees with its reference and keeps every count", "[cal
 namespace {
 
 // Data shaped like real activations: runs of one value (a constant image background and the
-// feature maps over it), exact zeros and -0 (ReLU), ties on bin edges, odd lengths for the tails.
+// feature maps over it), exact zeros and -0 (ReLU), ties on bin edges on both sides of zero, tiny
+// and denormal negatives (bin -1, not the zero bin), a value in the very last bin, odd lengths for
+// the tails.
 std::vector<float> activation_like(size_t n, uint32_t seed) {
   std::vector<float> v = gaussian(n, seed, 1.5f);
   for (size_t i = 0; i < n; ++i) {
     if (i % 97 < 40) v[i] = -0.8101983f;                // background run
     else if (i % 13 == 0) v[i] = (i % 2) ? 0.0f : -0.0f;  // ReLU zeros of both signs
     else if (i % 29 == 0) v[i] = 0.25f;                  // exactly on a bin edge
+    else if (i % 31 == 0) v[i] = -0.25f;                 // on a bin edge below zero
+    else if (i % 37 == 0) v[i] = (i % 2) ? -1e-30f : -FLT_TRUE_MIN;  // just below zero, denormal too
+    else if (i % 43 == 0) v[i] = std::nextafter(8.0f, 0.0f);         // in the last bin of range 8
   }
   return v;
 }
@@ -146,6 +152,26 @@ TEST_CASE("fast and pooled statistics equal the scalar reference bit for bit", "
     INFO("n = " << n);
     require_same_stats(fast, ref);
     require_same_stats(pooled, ref);
+  }
+  SECTION("a tensor of denormals: bins / R past float's range") {
+    std::vector<float> v(5003);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(static_cast<int>(i % 211) - 100) * 1e-42f;  // |x| <= 1.5e-40, all denormal
+    TensorStats ref(true), fast(true), pooled(true);
+    ref.add_ref(v.data(), static_cast<int64_t>(v.size()));
+    fast.add(v.data(), static_cast<int64_t>(v.size()));
+    pooled.add(v.data(), static_cast<int64_t>(v.size()), &pool);
+    REQUIRE(ref.histogram.bins() / ref.histogram.range() > static_cast<double>(FLT_MAX));
+    require_same_stats(fast, ref);
+    require_same_stats(pooled, ref);
+    // Negatives below the centre, positives and zeros from it up: an overflowed float scale would
+    // have sent them to the end bins.
+    const auto& counts = fast.histogram.signed_counts();
+    const auto centre = static_cast<std::ptrdiff_t>(fast.histogram.bins());
+    const auto negatives = std::count_if(v.begin(), v.end(), [](float x) { return x < 0; });
+    CHECK(std::accumulate(counts.begin(), counts.begin() + centre, uint64_t{0}) == static_cast<uint64_t>(negatives));
+    CHECK(counts.front() == 0);
+    CHECK(counts.back() == 0);
   }
   SECTION("NaN and inf take the counting path on every route") {
     std::vector<float> v = activation_like(300007, 3);
