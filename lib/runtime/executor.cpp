@@ -8,6 +8,8 @@
 #include <set>
 
 #include "core/half.h"
+#include "runtime/batch_rows.h"
+#include "runtime/cpu/conv_common.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/graph_runner.h"
 #include "runtime/low_precision.h"
@@ -62,6 +64,13 @@ struct Executor::Impl : SubgraphRunner {
   bool profiling = false;
   std::vector<std::pair<int64_t, double>> step_times;
 
+  // Whole-graph batch splitting (runtime/batch_rows.h): whether the graph keeps rows apart, decided
+  // at the first batch that could be split (-1 until then), and one single-thread executor per
+  // part, made then.
+  int rows_split = -1;
+  std::vector<std::unique_ptr<Executor>> row_executors;
+  static constexpr size_t kMaxSplitWeightBytes = size_t{64} << 20;
+
   // Runtime scope chain for subgraphs.
   struct Frame {
     const GraphPlan* plan;
@@ -73,6 +82,68 @@ struct Executor::Impl : SubgraphRunner {
   Impl(const ir::Model& m, const ExecOptions& o)
       : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
     plan_graph(*model.graph);
+  }
+
+  // Runs the batch in parts, part k on pool thread k by its own single-thread executor, and joins
+  // the outputs; false, having run nothing, where the graph or the feed does not allow it. Each
+  // part's rows are copied on the thread that convolves them, so they start in its core's cache.
+  bool run_by_rows(const Feeds& feeds, std::vector<Tensor>& out) {
+    const int threads = pool.size();
+    if (threads < 2 || !options.split_rows || options.backend != BackendKind::CPU || !batch_split_enabled() ||
+        cpu::deterministic_blas())
+      return false;
+    if (feeds.size() != model.graph->inputs().size()) return false;
+    int64_t rows = -1;
+    for (const auto& [name, t] : feeds) {
+      if (t.rank() == 0 || t.dtype() == DType::String || (rows >= 0 && t.shape()[0] != rows)) return false;
+      rows = t.shape()[0];
+    }
+    const std::vector<int64_t> parts = row_parts(rows, threads);
+    if (parts.empty()) return false;
+    if (rows_split < 0) {
+      std::string why;
+      rows_split = rows_independent(model, &why) ? 1 : 0;
+      // Each part's executor keeps its own copy of what the kernels derive from the weights
+      // (oneDNN's reordered weights): past this size, the convolutions' own split, which shares
+      // one copy, costs less memory.
+      size_t weight_bytes = 0;
+      for (ir::Value* v : model.graph->initializers()) weight_bytes += v->initializer().nbytes();
+      if (rows_split && weight_bytes > kMaxSplitWeightBytes) {
+        rows_split = 0;
+        why = fmt::format("{} MiB of weights would be kept once per thread", weight_bytes >> 20);
+      }
+      if (!rows_split) spdlog::debug("batches run whole: {}", why);
+    }
+    if (!rows_split) return false;
+    if (row_executors.size() != parts.size()) {
+      row_executors.clear();
+      ExecOptions one = options;
+      one.threads = 1;
+      for (size_t k = 0; k < parts.size(); ++k) row_executors.push_back(std::make_unique<Executor>(model, one));
+    }
+    std::vector<std::vector<Tensor>> results(parts.size());
+    try {
+      pool.run_per_thread(static_cast<int>(parts.size()), [&](int task) {
+        const auto k = static_cast<size_t>(task);
+        int64_t begin = 0;
+        for (size_t j = 0; j < k; ++j) begin += parts[j];
+        Feeds part;
+        for (const auto& [name, t] : feeds) part.emplace(name, slice_rows(t, begin, parts[k]));
+        results[k] = row_executors[k]->run(part);
+      });
+    } catch (const std::exception&) {
+      // A part's error would name the part's shapes; the whole batch, run next, fails with its own.
+      return false;
+    }
+    out.clear();
+    const auto& outputs = model.graph->outputs();
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      std::vector<Tensor> pieces;
+      for (const auto& r : results) pieces.push_back(r[o]);
+      out.push_back(concat_rows(pieces, fmt::format("output '{}'", outputs[o]->name())));
+    }
+    note_row_split();
+    return true;
   }
 
   const GraphPlan& plan_graph(const ir::Graph& g) {
@@ -402,6 +473,11 @@ std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::str
     return gpu::run_graph(model_, feeds, *cuda_->runtime, *cuda_->log, nullptr, &hooks);
   }
   check_feeds(feeds);
+  // A batch whose rows the graph keeps apart runs as one part per thread (runtime/batch_rows.h),
+  // unless something watches the whole run: an observer, the profile, kept values.
+  std::vector<Tensor> joined;
+  if (extra_values.empty() && !extra_out && !observer_ && !impl_->profiling && impl_->run_by_rows(feeds, joined))
+    return joined;
   const GraphPlan& plan = impl_->plan_graph(*model_.graph);
   std::vector<Tensor> env(plan.slot_values.size());
   for (const auto& [s, t] : plan.constants) env[static_cast<size_t>(s)] = t;

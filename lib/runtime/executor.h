@@ -31,6 +31,10 @@ struct ExecOptions {
   gpu::DeviceMemoryBackend* cuda_memory = nullptr;
   // BackendKind::CUDA: FP32 GEMMs and convolutions may use TF32 tensor-core math (`--tf32`).
   bool allow_tf32 = false;
+  // CPU, two or more threads: a batch whose rows the graph provably keeps apart runs as one part
+  // per thread, each on a single-thread executor (runtime/batch_rows.h). Off: every batch runs
+  // whole, its convolutions still split by images (tests of that split turn this off).
+  bool split_rows = true;
 };
 
 // Where a run's time went, per op type ("domain::Op" outside the default domain), summed over every

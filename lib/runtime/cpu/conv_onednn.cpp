@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
+#include "runtime/batch_rows.h"
 #include "runtime/thread_pool.h"
 
 #if MPQ_HAVE_ONEDNN
@@ -548,15 +549,6 @@ void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory&
   } restore{team};
   omp_set_num_threads(1);
   r.execute(stream, from, to);
-}
-
-// MPQ_BATCH_SPLIT=0 in the environment keeps every batch whole (for comparisons).
-bool batch_split_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MPQ_BATCH_SPLIT");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return enabled;
 }
 
 int current_policy() { return (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1); }

@@ -1,0 +1,258 @@
+#include "runtime/batch_rows.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace mpq::rt {
+
+namespace {
+
+using ValueSet = std::unordered_set<const ir::Value*>;
+
+// An initializer's or a Constant node's tensor.
+const Tensor* constant_of(const ir::Value* v) {
+  if (!v) return nullptr;
+  if (v->is_constant()) return &v->initializer();
+  const ir::Node* p = v->producer();
+  if (p && p->domain.empty() && p->op_type == "Constant" && p->attr("value") && p->attr("value")->type == ir::AttrType::Tensor)
+    return &p->attr("value")->t;
+  return nullptr;
+}
+
+// Ranks of the values with rows, as each accepted node gives them to its outputs (models as
+// written often declare no types for intermediate values); -1 when unknown.
+using Ranks = std::unordered_map<const ir::Value*, int>;
+
+// Rank from the propagated ranks, a constant's shape or the declared type; -1 when unknown.
+int rank_of(const Ranks& ranks, const ir::Value* v) {
+  if (!v) return -1;
+  if (auto it = ranks.find(v); it != ranks.end() && it->second >= 0) return it->second;
+  if (const Tensor* c = constant_of(v)) return c->rank();
+  if (v->type.is_tensor() && v->type.has_shape) return static_cast<int>(v->type.dims.size());
+  return -1;
+}
+
+// Leading dimension when known (constant or declared fixed), else -1.
+int64_t dim0_of(const ir::Value* v) {
+  if (const Tensor* c = constant_of(v)) return c->rank() > 0 ? c->shape()[0] : -1;
+  if (v && v->type.is_tensor() && v->type.has_shape && !v->type.dims.empty() && v->type.dims[0].known())
+    return v->type.dims[0].value;
+  return -1;
+}
+
+// Axis attribute normalised against `rank`; -1 when it cannot be (negative with an unknown rank).
+int64_t axis_attr(const ir::Node& n, const char* name, int64_t fallback, int rank) {
+  int64_t axis = n.attr_int(name, fallback);
+  if (axis < 0) axis = rank < 0 ? -1 : axis + rank;
+  return axis;
+}
+
+// Ops that compute each row from the same row of input 0 (and, where listed, other inputs with
+// rows), all other inputs being the same for every row: element-wise, per-sample normalisation,
+// convolution and pooling over the trailing axes, quantization with a scale per tensor or per
+// channel.
+const std::unordered_set<std::string>& per_row_ops() {
+  static const std::unordered_set<std::string> ops = {
+      "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Abs",
+      "Neg", "Exp", "Log", "Sqrt", "Erf", "Gelu", "mpq::Gelu", "Clip", "Identity", "Cast", "Conv", "ConvTranspose",
+      "mpq::FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
+      "InstanceNormalization", "LRN", "QuantizeLinear", "DequantizeLinear", "mpq::FakeQuant"};
+  return ops;
+}
+
+// Why node n does not keep rows apart, given which of its inputs hold rows; empty when it does, and
+// then `out_rank` is the rank of its outputs (-1 when unknown).
+std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSet& rows, const Ranks& ranks,
+                        int& out_rank) {
+  const std::string op = n.domain.empty() ? n.op_type : n.domain + "::" + n.op_type;
+  auto rank_of = [&](const ir::Value* v) { return ::mpq::rt::rank_of(ranks, v); };
+  out_rank = rank_of(n.input(0));  // most ops keep the rank of their first input
+  auto has_rows = [&](size_t i) { return n.input(i) && rows.count(n.input(i)) > 0; };
+  auto only_rows_in = [&](std::initializer_list<size_t> allowed) {
+    for (size_t i = 0; i < n.num_inputs(); ++i)
+      if (has_rows(i) && std::find(allowed.begin(), allowed.end(), i) == allowed.end()) return false;
+    return true;
+  };
+  if (!n.subgraphs().empty()) return "runs a subgraph";
+  if (per_row_ops().count(op)) {
+    if (!only_rows_in({0, op == "mpq::FusedConv" ? size_t{3} : size_t{0}})) return "reads rows as a parameter";
+    // MaxPool's indices count from the start of the whole tensor, batch included.
+    if (op == "MaxPool" && n.num_outputs() > 1 && n.output(1)) return "returns indices into the whole batch";
+    if (op == "BatchNormalization" && n.attr_int("training_mode", 0) != 0) return "uses batch statistics";
+    if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "mpq::FakeQuant") {
+      const Tensor* scale = constant_of(n.input(1));
+      if (!scale) return "has a scale that is not a constant";
+      if (scale->numel() > 1 && axis_attr(n, "axis", 1, rank_of(n.input(0))) < 1) return "has a scale per row";
+    }
+    return {};
+  }
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow") {
+    // Broadcasting aligns trailing axes: an input with rows must span all of the output's axes, and
+    // one without must not reach axis 0 (a lower rank, or a leading dimension of 1).
+    out_rank = 0;
+    for (ir::Value* v : n.inputs()) {
+      const int r = rank_of(v);
+      if (r < 0) return "has an input of unknown rank";
+      out_rank = std::max(out_rank, r);
+    }
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      const int r = rank_of(n.input(i));
+      if (has_rows(i) ? r != out_rank : (r == out_rank && dim0_of(n.input(i)) != 1)) return "broadcasts over rows";
+    }
+    return {};
+  }
+  if (op == "Flatten") {
+    if (!only_rows_in({0})) return "reads rows as a parameter";
+    out_rank = 2;
+    return axis_attr(n, "axis", 1, rank_of(n.input(0))) >= 1 ? std::string() : "flattens the rows together";
+  }
+  if (op == "Gemm") {
+    if (!only_rows_in({0}) || n.attr_int("transA", 0) != 0) return "reads rows as B, C or transposed";
+    if (const ir::Value* c = n.input(2)) {
+      const int r = rank_of(c);
+      if (r < 0 || (r == 2 && dim0_of(c) != 1)) return "adds a C with a row per batch row";
+    }
+    out_rank = 2;
+    return {};
+  }
+  if (op == "MatMul" || op == "mpq::MatMulBias") {
+    if (!only_rows_in({0})) return "reads rows as B";
+    const int ra = rank_of(n.input(0)), rb = rank_of(n.input(1));
+    if (ra < 2 || rb < 1 || rb > 2) return "multiplies batched matrices";
+    out_rank = rb == 1 ? ra - 1 : ra;
+    return {};
+  }
+  if (op == "Concat") {
+    for (size_t i = 0; i < n.num_inputs(); ++i)
+      if (n.input(i) && !has_rows(i)) return "joins rows with a tensor that has none";
+    return axis_attr(n, "axis", 1, rank_of(n.input(0))) >= 1 ? std::string() : "joins along the batch axis";
+  }
+  if (op == "Resize") {
+    const bool old = model.opset("") < 11;  // Resize-10: (X, scales)
+    if (!only_rows_in({0})) return "reads rows as a parameter";
+    if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize") return "crops by a ROI";
+    const ir::Value* sizes = old ? nullptr : n.input(3);
+    if (sizes && !(constant_of(sizes) && constant_of(sizes)->numel() == 0)) return "resizes to fixed sizes";
+    const Tensor* scales = constant_of(n.input(old ? 1 : 2));
+    if (!scales || scales->numel() == 0 || scales->dtype() != DType::Float32 || scales->data<float>()[0] != 1.0f)
+      return "may scale the batch axis";
+    return {};
+  }
+  if (op == "Softmax" || op == "LogSoftmax") {
+    if (!only_rows_in({0})) return "reads rows as a parameter";
+    const int64_t fallback = model.opset("") < 13 ? 1 : -1;
+    return axis_attr(n, "axis", fallback, rank_of(n.input(0))) >= 1 ? std::string() : "normalises across rows";
+  }
+  if (op == "LayerNormalization" || op == "mpq::LayerNormalization") {
+    if (!only_rows_in({0})) return "reads rows as a parameter";
+    return axis_attr(n, "axis", -1, rank_of(n.input(0))) >= 1 ? std::string() : "normalises across rows";
+  }
+  if (op == "Transpose") {
+    const std::vector<int64_t> perm = n.attr_ints("perm");
+    if (!only_rows_in({0})) return "reads rows as a parameter";
+    return !perm.empty() && perm[0] == 0 ? std::string() : "moves the batch axis";
+  }
+  return fmt::format("{} is not known to keep rows apart", op);
+}
+
+}  // namespace
+
+bool rows_independent(const ir::Model& model, std::string* why) {
+  auto fail = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  const ir::Graph& g = *model.graph;
+  ValueSet rows;
+  Ranks ranks;
+  for (ir::Value* v : g.inputs()) {
+    if (v->has_initializer()) return fail(fmt::format("input '{}' has a default value", v->name()));
+    // A part must be a valid feed: a batch fixed in the model cannot be fed in parts.
+    if (dim0_of(v) >= 0) return fail(fmt::format("input '{}' has a fixed first dimension", v->name()));
+    rows.insert(v);
+  }
+  // Nodes are stored in topological order (the executor checks it when it plans).
+  for (const auto& node : g.nodes()) {
+    bool reads_rows = false;
+    for (const ir::Value* v : node->inputs()) reads_rows = reads_rows || (v && rows.count(v));
+    if (!reads_rows) continue;  // computes the same for every part
+    int out_rank = -1;
+    std::string problem = row_problem(model, *node, rows, ranks, out_rank);
+    if (!problem.empty()) return fail(fmt::format("{}: {}", node->label(), problem));
+    for (const ir::Value* v : node->outputs())
+      if (v) {
+        rows.insert(v);
+        ranks[v] = out_rank;
+      }
+  }
+  for (ir::Value* v : g.outputs())
+    if (!rows.count(v)) return fail(fmt::format("output '{}' does not come from the inputs' rows", v->name()));
+  return true;
+}
+
+namespace {
+std::atomic<int64_t> g_row_splits{0};
+}  // namespace
+
+int64_t row_split_count() { return g_row_splits.load(std::memory_order_relaxed); }
+void note_row_split() { g_row_splits.fetch_add(1, std::memory_order_relaxed); }
+
+bool batch_split_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MPQ_BATCH_SPLIT");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+std::vector<int64_t> row_parts(int64_t rows, int threads) {
+  if (threads < 2 || rows < threads || (rows % threads != 0 && rows < 4 * threads)) return {};
+  std::vector<int64_t> parts(static_cast<size_t>(threads), rows / threads);
+  for (int64_t i = 0; i < rows % threads; ++i) ++parts[static_cast<size_t>(i)];
+  return parts;
+}
+
+Tensor slice_rows(const Tensor& t, int64_t begin, int64_t count) {
+  if (t.rank() == 0 || begin < 0 || count < 0 || begin + count > t.shape()[0] || t.dtype() == DType::String)
+    fail_internal("slice_rows: rows [{}, {}) of {}", begin, begin + count, shape_str(t.shape()));
+  Shape shape = t.shape();
+  shape[0] = count;
+  Tensor out(t.dtype(), shape);
+  const size_t row_bytes = t.shape()[0] > 0 ? t.nbytes() / static_cast<size_t>(t.shape()[0]) : 0;
+  if (out.nbytes() > 0)
+    std::memcpy(out.raw_data(), static_cast<const uint8_t*>(t.raw_data()) + static_cast<size_t>(begin) * row_bytes, out.nbytes());
+  return out;
+}
+
+Tensor concat_rows(const std::vector<Tensor>& parts, const std::string& what) {
+  if (parts.empty()) fail_internal("concat_rows: no parts for {}", what);
+  const Tensor& first = parts[0];
+  Shape shape = first.shape();
+  if (shape.empty()) fail_input("{}: a part is a scalar, it has no rows to join", what);
+  shape[0] = 0;
+  for (const Tensor& p : parts) {
+    const bool same = p.dtype() == first.dtype() && p.rank() == first.rank() &&
+                      std::equal(p.shape().begin() + 1, p.shape().end(), first.shape().begin() + 1);
+    if (!same || p.dtype() == DType::String)
+      fail_input("{}: parts of the batch came back as {} and {}, which do not join along axis 0", what,
+                 shape_str(first.shape()), shape_str(p.shape()));
+    shape[0] += p.shape()[0];
+  }
+  Tensor out(first.dtype(), shape);
+  auto* dst = static_cast<uint8_t*>(out.raw_data());
+  for (const Tensor& p : parts) {
+    if (p.nbytes() == 0) continue;
+    std::memcpy(dst, p.raw_data(), p.nbytes());
+    dst += p.nbytes();
+  }
+  return out;
+}
+
+}  // namespace mpq::rt

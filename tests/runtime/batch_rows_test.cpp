@@ -1,0 +1,248 @@
+// Whole-graph batch splitting (runtime/batch_rows.h): which graphs keep rows apart, how a batch is
+// cut, and that the executor's split runs give the bits of the whole one-thread run.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "ir/onnx_io.h"
+#include "passes/inference_fusion.h"
+#include "runtime/batch_rows.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+
+namespace {
+
+ir::ValueType batched(std::vector<int64_t> trailing, const char* batch = "N") {
+  std::vector<ir::Dim> dims{batch ? ir::Dim::symbol(batch) : ir::Dim::fixed(2)};
+  for (int64_t d : trailing) dims.push_back(ir::Dim::fixed(d));
+  return ir::ValueType::tensor(DType::Float32, dims);
+}
+
+// x[N, 4, 6, 6] -> Conv(8) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(3) -> y, with `tail`
+// (when set) adding one more node between the Gemm's output and y.
+struct SmallCnn {
+  ir::Model m;
+  ir::Value* x = nullptr;
+  ir::Value* logits = nullptr;
+  SmallCnn() {
+    m.set_opset("", 17);
+    ir::Graph& g = *m.graph;
+    x = g.add_value("x", batched({4, 6, 6}));
+    g.add_input(x);
+    ir::Value* c = g.add_value("c", batched({8, 6, 6}));
+    ir::Node* conv = g.add_node("Conv", {x, g.add_initializer("w", test::random_tensor({8, 4, 3, 3}, 1)),
+                                         g.add_initializer("b", test::random_tensor({8}, 2))},
+                                {c}, "conv");
+    conv->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+    ir::Value* r = g.add_value("r", batched({8, 6, 6}));
+    g.add_node("Relu", {c}, {r}, "relu");
+    ir::Value* p = g.add_value("p", batched({8, 1, 1}));
+    g.add_node("GlobalAveragePool", {r}, {p}, "gap");
+    ir::Value* f = g.add_value("f", batched({8}));
+    g.add_node("Flatten", {p}, {f}, "flatten");
+    logits = g.add_value("logits", batched({3}));
+    g.add_node("Gemm", {f, g.add_initializer("fc_w", test::random_tensor({3, 8}, 3)), g.add_initializer("fc_b", test::random_tensor({3}, 4))},
+               {logits}, "fc")
+        ->set_attr(ir::Attribute::make_int("transB", 1));
+  }
+  void output(ir::Value* v) { m.graph->add_output(v); }
+};
+
+std::string why_not(const ir::Model& m) {
+  std::string why;
+  CHECK_FALSE(rt::rows_independent(m, &why));
+  return why;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("rows_independent accepts per-row graphs and names the first node that mixes rows", "[batch_rows]") {
+  SECTION("a small CNN keeps rows apart") {
+    SmallCnn s;
+    s.output(s.logits);
+    std::string why;
+    CHECK(rt::rows_independent(s.m, &why));
+  }
+  SECTION("Reshape, Shape and other unknown ops keep the batch whole") {
+    SmallCnn s;
+    ir::Value* out = s.m.graph->add_value("out");
+    s.m.graph->add_node("Reshape", {s.logits, s.m.graph->add_initializer("shape", Tensor::from<int64_t>({1}, {-1}))}, {out}, "reshape");
+    s.output(out);
+    CHECK_THAT(why_not(s.m), Catch::Contains("reshape") && Catch::Contains("Reshape"));
+  }
+  SECTION("Softmax over the batch axis, Concat along it, Gemm reading rows transposed") {
+    for (const char* which : {"softmax", "concat", "gemm"}) {
+      SmallCnn s;
+      ir::Graph& g = *s.m.graph;
+      ir::Value* out = g.add_value("out");
+      if (std::string(which) == "softmax") {
+        g.add_node("Softmax", {s.logits}, {out}, "mix")->set_attr(ir::Attribute::make_int("axis", 0));
+      } else if (std::string(which) == "concat") {
+        g.add_node("Concat", {s.logits, s.logits}, {out}, "mix")->set_attr(ir::Attribute::make_int("axis", -2));
+      } else {
+        g.add_node("Gemm", {s.logits, g.add_initializer("b2", test::random_tensor({2, 2}, 9))}, {out}, "mix")
+            ->set_attr(ir::Attribute::make_int("transA", 1));
+      }
+      s.output(out);
+      INFO(which);
+      CHECK_THAT(why_not(s.m), Catch::Contains("mix"));
+    }
+  }
+  SECTION("an Add of a constant with a row per batch row; with a leading 1 it broadcasts") {
+    for (int64_t lead : {2, 1}) {
+      SmallCnn s;
+      ir::Graph& g = *s.m.graph;
+      ir::Value* out = g.add_value("out");
+      g.add_node("Add", {s.logits, g.add_initializer("bias", test::random_tensor({lead, 3}, 10))}, {out}, "add");
+      s.output(out);
+      std::string why;
+      CHECK(rt::rows_independent(s.m, &why) == (lead == 1));
+      if (lead != 1) CHECK_THAT(why, Catch::Contains("add") && Catch::Contains("broadcasts"));
+    }
+  }
+  SECTION("MaxPool's indices, training-mode BatchNormalization") {
+    SmallCnn s;
+    ir::Graph& g = *s.m.graph;
+    ir::Value* pooled = g.add_value("pooled");
+    ir::Value* indices = g.add_value("indices");
+    ir::Node* mp = g.add_node("MaxPool", {s.x}, {pooled, indices}, "maxpool");
+    mp->set_attr(ir::Attribute::make_ints("kernel_shape", {2, 2}));
+    s.output(pooled);
+    CHECK_THAT(why_not(s.m), Catch::Contains("maxpool") && Catch::Contains("indices"));
+  }
+  SECTION("a fixed batch in the input, an output that is not computed from the rows") {
+    SmallCnn s;
+    s.output(s.logits);
+    s.x->type = batched({4, 6, 6}, nullptr);
+    CHECK_THAT(why_not(s.m), Catch::Contains("'x'") && Catch::Contains("fixed"));
+    SmallCnn t;
+    t.output(t.logits);
+    t.output(t.m.graph->find("fc_w"));
+    CHECK_THAT(why_not(t.m), Catch::Contains("'fc_w'"));
+  }
+}
+
+TEST_CASE("row_parts cuts a batch as the convolution split does; rows slice and join back", "[batch_rows]") {
+  CHECK(rt::row_parts(8, 2) == std::vector<int64_t>{4, 4});
+  CHECK(rt::row_parts(9, 2) == std::vector<int64_t>{5, 4});
+  CHECK(rt::row_parts(2, 2) == std::vector<int64_t>{1, 1});
+  CHECK(rt::row_parts(12, 3) == std::vector<int64_t>{4, 4, 4});
+  CHECK(rt::row_parts(3, 2).empty());  // uneven with few rows per thread
+  CHECK(rt::row_parts(1, 2).empty());
+  CHECK(rt::row_parts(8, 1).empty());
+  const Tensor t = test::random_tensor({5, 3, 2}, 7);
+  const Tensor a = rt::slice_rows(t, 0, 2), b = rt::slice_rows(t, 2, 3);
+  CHECK(a.shape() == Shape{2, 3, 2});
+  CHECK(b.data<float>()[0] == t.data<float>()[12]);
+  CHECK(same_bits(rt::concat_rows({a, b}, "t"), t));
+  CHECK_THROWS_WITH(rt::concat_rows({a, test::random_tensor({1, 2, 2}, 8)}, "output 'y'"),
+                    Catch::Contains("output 'y'") && Catch::Contains("[1,2,2]"));
+}
+
+TEST_CASE("a batch split over the threads by rows gives the bits of the whole one-thread run", "[batch_rows]") {
+  SmallCnn s;
+  s.output(s.logits);
+  rt::ExecOptions one, two, kept;
+  one.threads = 1;
+  two.threads = 2;
+  kept.threads = 2;
+  kept.split_rows = false;
+  rt::Executor whole(s.m, one), split(s.m, two), unsplit(s.m, kept);
+  uint32_t seed = 300;
+  for (const int64_t batch : {8, 9, 2, 3, 1}) {
+    INFO("batch " << batch);
+    const rt::Feeds feeds{{"x", test::random_tensor({batch, 4, 6, 6}, seed++)}};
+    const Tensor want = whole.run(feeds)[0];
+    const int64_t before = rt::row_split_count();
+    const Tensor got = split.run(feeds)[0];
+    const bool splits = batch >= 2 && (batch % 2 == 0 || batch >= 8);
+    CHECK(rt::row_split_count() == before + (splits ? 1 : 0));
+    CHECK(same_bits(got, want));
+    const int64_t before_kept = rt::row_split_count();
+    CHECK(same_bits(unsplit.run(feeds)[0], want));
+    CHECK(rt::row_split_count() == before_kept);
+  }
+  SECTION("an observer sees the whole run") {
+    int64_t rows_seen = 0;
+    split.set_observer([&](const ir::Value& v, const Tensor& t) {
+      if (v.name() == "logits") rows_seen += t.shape()[0];
+    });
+    const int64_t before = rt::row_split_count();
+    split.run({{"x", test::random_tensor({8, 4, 6, 6}, 99)}});
+    CHECK(rt::row_split_count() == before);
+    CHECK(rows_seen == 8);
+  }
+  SECTION("a bad feed fails with the whole batch's shapes") {
+    CHECK_THROWS_WITH(split.run({{"x", test::random_tensor({8, 5, 6, 6}, 98)}}), Catch::Contains("[8,5,6,6]"));
+  }
+}
+
+TEST_CASE("shipped CNNs keep rows apart, as written and fused, and split runs keep their bits", "[batch_rows]") {
+  for (const char* stem : {"resnet_bn_op17", "mobilenetv3_op17", "unet_op17"}) {
+    INFO(stem);
+    ir::Model m = ir::load_model(test::source_dir() / "tests/models" / (std::string(stem) + ".onnx"));
+    std::string why;
+    CHECK(rt::rows_independent(m, &why));
+    INFO(why);
+    passes::fuse_for_inference(m, rt::BackendKind::CPU);
+    std::string why_fused;
+    CHECK(rt::rows_independent(m, &why_fused));
+    INFO(why_fused);
+    rt::ExecOptions one, two;
+    one.threads = 1;
+    two.threads = 2;
+    rt::Executor whole(m, one), split(m, two);
+    const Tensor x = test::random_tensor({8, 3, 32, 32}, 17, -2.0f, 2.0f);
+    const int64_t before = rt::row_split_count();
+    const std::vector<Tensor> got = split.run({{m.graph->inputs()[0]->name(), x}});
+    CHECK(rt::row_split_count() == before + 1);
+    const std::vector<Tensor> want = whole.run({{m.graph->inputs()[0]->name(), x}});
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(same_bits(got[i], want[i]));
+  }
+  SECTION("the transformer and the ViT read their batch through Shape: they run whole") {
+    for (const char* path : {"tests/models/transformer_op17.onnx", "tests/models/fashion/fashion_vit.onnx"}) {
+      ir::Model m = ir::load_model(test::source_dir() / path);
+      passes::fuse_for_inference(m, rt::BackendKind::CPU);
+      CHECK_THAT(why_not(m), Catch::Contains("Shape node"));
+    }
+  }
+}
+
+TEST_CASE("a host block freed on a thread is kept for that thread, and returned when it ends", "[batch_rows][memory]") {
+  // An odd size, in a size class nothing else here uses.
+  constexpr size_t kBytes = 3 * 1000 * 1000 + 7;
+  std::promise<void*> freed;
+  std::promise<void> go_on;
+  std::promise<void*> again;
+  std::promise<void> finish;
+  std::thread worker([&] {
+    std::shared_ptr<void> block = host_alloc(kBytes);
+    void* raw = block.get();
+    block.reset();  // into this thread's cache
+    freed.set_value(raw);
+    go_on.get_future().wait();
+    again.set_value(host_alloc(kBytes).get());  // taken back here, freed again at once
+    finish.get_future().wait();
+  });
+  void* first = freed.get_future().get();
+  {
+    // Another thread does not get the worker's block while the worker keeps it.
+    std::shared_ptr<void> mine = host_alloc(kBytes);
+    CHECK(mine.get() != first);
+  }
+  go_on.set_value();
+  CHECK(again.get_future().get() == first);
+  const size_t before = host_cache_bytes();
+  finish.set_value();
+  worker.join();  // its kept block goes to the shared cache
+  CHECK(host_cache_bytes() >= before + kBytes);
+}
