@@ -123,8 +123,13 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     return {};
   }
   if (op == "MatMul" || op == "mpq::MatMulBias") {
-    if (!only_rows_in({0})) return "reads rows as B";
     const int ra = rank_of(n.input(0)), rb = rank_of(n.input(1));
+    // Both with rows (attention's Q.K^T and P.V): the leading axes pair up, batch with batch.
+    if (op == "MatMul" && has_rows(0) && has_rows(1)) {
+      if (ra < 3 || ra != rb) return "multiplies batched matrices of different ranks";
+      return {};
+    }
+    if (!only_rows_in({0})) return "reads rows as B";
     if (ra < 2 || rb < 1 || rb > 2) return "multiplies batched matrices";
     out_rank = rb == 1 ? ra - 1 : ra;
     return {};
@@ -154,12 +159,125 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     if (!only_rows_in({0})) return "reads rows as a parameter";
     return axis_attr(n, "axis", -1, rank_of(n.input(0))) >= 1 ? std::string() : "normalises across rows";
   }
-  if (op == "Transpose") {
-    const std::vector<int64_t> perm = n.attr_ints("perm");
-    if (!only_rows_in({0})) return "reads rows as a parameter";
-    return !perm.empty() && perm[0] == 0 ? std::string() : "moves the batch axis";
+  if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin" || op == "ReduceProd" ||
+      op == "ReduceL2" || op == "ReduceSumSquare") {
+    if (!only_rows_in({0})) return "reads rows as its axes";
+    const int r = rank_of(n.input(0));
+    // Axes from the attribute (older opsets) or a constant second input (ReduceSum 13+, all 18+).
+    std::vector<int64_t> axes = n.attr_ints("axes");
+    if (const Tensor* t = constant_of(n.input(1)); t && t->dtype() == DType::Int64)
+      axes.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+    if (axes.empty() || r < 0) return "may reduce over the batch axis";
+    for (int64_t a : axes)
+      if ((a < 0 ? a + r : a) == 0) return "reduces over the batch axis";
+    if (n.attr_int("keepdims", 1) == 0) out_rank = r - static_cast<int>(axes.size());
+    return {};
+  }
+  if (op == "Reshape") {
+    // A constant shape keeps the batch only by copying it (0, without allowzero); one computed from
+    // the batch size is handled with the sizes (rows_independent).
+    const Tensor* shape = constant_of(n.input(1));
+    if (!only_rows_in({0}) || !shape || shape->dtype() != DType::Int64 || shape->numel() == 0) return "may reshape the rows";
+    if (shape->data<int64_t>()[0] != 0 || n.attr_int("allowzero", 0) != 0) return "may reshape the rows";
+    out_rank = static_cast<int>(shape->numel());
+    return {};
+  }
+  if (op == "Gather" && !has_rows(0) && n.attr_int("axis", 0) == 0) {
+    // An embedding lookup: rows of indices pick rows of a table (Gather reading rows as its data
+    // is handled with the moved axes, in rows_independent).
+    const int rd = rank_of(n.input(0)), ri = rank_of(n.input(1));
+    if (rd < 1 || ri < 1) return "gathers with indices of unknown rank";
+    out_rank = rd - 1 + ri;
+    return {};
   }
   return fmt::format("{} is not known to keep rows apart", op);
+}
+
+}  // namespace
+
+namespace {
+
+// Constant int64 elements of v (a 0-D or 1-D initializer or Constant), or false.
+bool constant_ints(const ir::Value* v, std::vector<int64_t>& out) {
+  const Tensor* t = constant_of(v);
+  if (!t || t->dtype() != DType::Int64 || t->rank() > 1) return false;
+  out.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+  return true;
+}
+
+// Sizes computed from shapes (Shape and what follows it: Gather, Slice, Unsqueeze, Concat): a
+// 1-D int64 vector, or a scalar, and which of its elements is the batch size. In a part's run that
+// element is the part's batch; every other one is the same as in the whole run.
+struct Sizes {
+  std::vector<char> batch;
+  bool scalar = false;
+};
+
+// What node n computes from sizes (and constants); false, with `problem`, if it is anything else.
+bool sizes_of_node(const ir::Node& n, const std::unordered_map<const ir::Value*, Sizes>& sizes, Sizes& out,
+                   std::string& problem) {
+  auto sized = [&](size_t i) -> const Sizes* {
+    auto it = n.input(i) ? sizes.find(n.input(i)) : sizes.end();
+    return it == sizes.end() ? nullptr : &it->second;
+  };
+  const std::string& op = n.op_type;
+  const Sizes* in = sized(0);
+  if (!n.domain.empty()) {
+    problem = "reads sizes computed from the batch";
+    return false;
+  }
+  if ((op == "Cast" || op == "Identity") && in) {
+    out = *in;
+    return true;
+  }
+  if (op == "Gather" && in && !in->scalar && n.attr_int("axis", 0) == 0) {
+    std::vector<int64_t> idx;
+    const Tensor* t = constant_of(n.input(1));
+    if (constant_ints(n.input(1), idx)) {
+      const auto len = static_cast<int64_t>(in->batch.size());
+      for (int64_t i : idx) {
+        if (i < -len || i >= len) break;
+        out.batch.push_back(in->batch[static_cast<size_t>(i < 0 ? i + len : i)]);
+      }
+      out.scalar = t->rank() == 0;
+      if (out.batch.size() == idx.size()) return true;
+    }
+  }
+  if (op == "Slice" && in && !in->scalar) {
+    std::vector<int64_t> starts, ends, axes{0}, steps{1};
+    if (constant_ints(n.input(1), starts) && constant_ints(n.input(2), ends) && starts.size() == 1 &&
+        ends.size() == 1 && (!n.input(3) || constant_ints(n.input(3), axes)) &&
+        (!n.input(4) || constant_ints(n.input(4), steps)) && axes == std::vector<int64_t>{0} && steps == std::vector<int64_t>{1}) {
+      const auto len = static_cast<int64_t>(in->batch.size());
+      auto clampi = [&](int64_t v) { return std::clamp(v < 0 ? v + len : v, int64_t{0}, len); };
+      for (int64_t i = clampi(starts[0]); i < clampi(ends[0]); ++i) out.batch.push_back(in->batch[static_cast<size_t>(i)]);
+      return true;
+    }
+  }
+  if (op == "Unsqueeze" && in && in->scalar) {
+    std::vector<int64_t> axes = n.attr_ints("axes");
+    if (n.input(1)) constant_ints(n.input(1), axes);
+    if (axes == std::vector<int64_t>{0} || axes == std::vector<int64_t>{-1}) {
+      out.batch = in->batch;
+      return true;
+    }
+  }
+  if (op == "Concat" && (n.attr_int("axis", 0) == 0 || n.attr_int("axis", 0) == -1)) {
+    for (size_t i = 0; i < n.num_inputs(); ++i) {
+      std::vector<int64_t> c;
+      if (const Sizes* part = sized(i); part && !part->scalar) {
+        out.batch.insert(out.batch.end(), part->batch.begin(), part->batch.end());
+      } else if (constant_ints(n.input(i), c) && constant_of(n.input(i))->rank() == 1) {
+        out.batch.insert(out.batch.end(), c.size(), 0);
+      } else {
+        problem = "joins sizes with a value of unknown length";
+        return false;
+      }
+    }
+    return true;
+  }
+  problem = "computes with the batch size";
+  return false;
 }
 
 }  // namespace
@@ -172,28 +290,98 @@ bool rows_independent(const ir::Model& model, std::string* why) {
   const ir::Graph& g = *model.graph;
   ValueSet rows;
   Ranks ranks;
+  // The axis that holds the rows, for values whose rows are not on axis 0 (Transpose moves them;
+  // Gather on another axis can bring them back). Every rule in row_problem wants axis 0.
+  std::unordered_map<const ir::Value*, int> moved;
+  std::unordered_map<const ir::Value*, Sizes> sizes;
   for (ir::Value* v : g.inputs()) {
     if (v->has_initializer()) return fail(fmt::format("input '{}' has a default value", v->name()));
     // A part must be a valid feed: a batch fixed in the model cannot be fed in parts.
     if (dim0_of(v) >= 0) return fail(fmt::format("input '{}' has a fixed first dimension", v->name()));
     rows.insert(v);
   }
-  // Nodes are stored in topological order (the executor checks it when it plans).
-  for (const auto& node : g.nodes()) {
-    bool reads_rows = false;
-    for (const ir::Value* v : node->inputs()) reads_rows = reads_rows || (v && rows.count(v));
-    if (!reads_rows) continue;  // computes the same for every part
-    int out_rank = -1;
-    std::string problem = row_problem(model, *node, rows, ranks, out_rank);
-    if (!problem.empty()) return fail(fmt::format("{}: {}", node->label(), problem));
-    for (const ir::Value* v : node->outputs())
+  auto axis_of = [&](const ir::Value* v) {
+    auto it = moved.find(v);
+    return it == moved.end() ? 0 : it->second;
+  };
+  auto add_rows = [&](const ir::Node& n, int rank, int axis) {
+    for (const ir::Value* v : n.outputs())
       if (v) {
         rows.insert(v);
-        ranks[v] = out_rank;
+        ranks[v] = rank;
+        if (axis != 0) moved[v] = axis;
       }
+  };
+  // Nodes are stored in topological order (the executor checks it when it plans).
+  for (const auto& node : g.nodes()) {
+    const ir::Node& n = *node;
+    bool reads_rows = false, reads_sizes = false;
+    for (const ir::Value* v : n.inputs()) {
+      reads_rows = reads_rows || (v && rows.count(v));
+      reads_sizes = reads_sizes || (v && sizes.count(v));
+    }
+    if (!reads_rows && !reads_sizes) continue;  // computes the same for every part
+    const bool plain = n.domain.empty();
+    const ir::Value* x = n.input(0);
+    const int rank = rank_of(ranks, x);
+    if (reads_sizes) {
+      // Reshape(rows, sizes): rows stay on axis 0 when the new shape starts with the batch size
+      // and holds it nowhere else (row-major order then keeps each row's values together).
+      if (plain && n.op_type == "Reshape" && rows.count(x) && sizes.count(n.input(1)) && axis_of(x) == 0) {
+        const Sizes& shape = sizes.at(n.input(1));
+        if (shape.scalar || shape.batch.empty() || !shape.batch[0] ||
+            std::count(shape.batch.begin(), shape.batch.end(), 1) != 1)
+          return fail(fmt::format("{}: reshapes the batch axis", n.label()));
+        add_rows(n, static_cast<int>(shape.batch.size()), 0);
+        continue;
+      }
+      if (reads_rows) return fail(fmt::format("{}: mixes rows with sizes computed from them", n.label()));
+      Sizes out;
+      std::string problem;
+      if (!sizes_of_node(n, sizes, out, problem)) return fail(fmt::format("{}: {}", n.label(), problem));
+      for (const ir::Value* v : n.outputs())
+        if (v) sizes[v] = out;
+      continue;
+    }
+    if (plain && n.op_type == "Shape") {
+      // Opset 15's start/end would select dimensions: not needed by the models here.
+      if (rank < 0 || n.has_attr("start") || n.has_attr("end")) return fail(fmt::format("{}: reads an unknown shape", n.label()));
+      Sizes out;
+      out.batch.assign(static_cast<size_t>(rank), 0);
+      out.batch[static_cast<size_t>(axis_of(x))] = 1;
+      sizes[n.output(0)] = out;
+      continue;
+    }
+    if (plain && n.op_type == "Transpose" && rows.count(x)) {
+      const std::vector<int64_t> perm = n.attr_ints("perm");
+      if (perm.empty() || (rank >= 0 && static_cast<int>(perm.size()) != rank))
+        return fail(fmt::format("{}: transposes with an unknown permutation", n.label()));
+      const auto at = std::find(perm.begin(), perm.end(), axis_of(x));
+      if (at == perm.end()) return fail(fmt::format("{}: drops the batch axis", n.label()));
+      add_rows(n, static_cast<int>(perm.size()), static_cast<int>(at - perm.begin()));
+      continue;
+    }
+    if (plain && n.op_type == "Gather" && rows.count(x) && !rows.count(n.input(1))) {
+      // Picking along another axis with constant indices: the rows stay, one axis earlier or
+      // later as the indices' rank replaces the gathered axis.
+      const Tensor* idx = constant_of(n.input(1));
+      const int64_t a = axis_attr(n, "axis", 0, rank);
+      const int b = axis_of(x);
+      if (!idx || rank < 0 || a < 0 || a == b) return fail(fmt::format("{}: gathers along the batch axis", n.label()));
+      add_rows(n, rank - 1 + idx->rank(), a < b ? b - 1 + idx->rank() : b);
+      continue;
+    }
+    for (const ir::Value* v : n.inputs())
+      if (v && rows.count(v) && axis_of(v) != 0)
+        return fail(fmt::format("{}: reads rows moved off axis 0", n.label()));
+    int out_rank = -1;
+    std::string problem = row_problem(model, n, rows, ranks, out_rank);
+    if (!problem.empty()) return fail(fmt::format("{}: {}", n.label(), problem));
+    add_rows(n, out_rank, 0);
   }
   for (ir::Value* v : g.outputs())
-    if (!rows.count(v)) return fail(fmt::format("output '{}' does not come from the inputs' rows", v->name()));
+    if (!rows.count(v) || axis_of(v) != 0)
+      return fail(fmt::format("output '{}' does not come from the inputs' rows", v->name()));
   return true;
 }
 

@@ -130,6 +130,23 @@ TEST_CASE("rows_independent accepts per-row graphs and names the first node that
   }
 }
 
+TEST_CASE("an embedding lookup keeps rows apart; gathering the table on another axis does not", "[batch_rows]") {
+  for (const int64_t axis : {0, 1}) {
+    ir::Model m;
+    m.set_opset("", 17);
+    ir::Graph& g = *m.graph;
+    ir::Value* ids = g.add_value("ids", ir::ValueType::tensor(DType::Int64, std::vector<ir::Dim>{ir::Dim::symbol("N"), ir::Dim::fixed(5)}));
+    g.add_input(ids);
+    ir::Value* y = g.add_value("y");
+    g.add_node("Gather", {g.add_initializer("table", test::random_tensor({10, 10}, 5)), ids}, {y}, "embed")
+        ->set_attr(ir::Attribute::make_int("axis", axis));
+    g.add_output(y);
+    std::string why;
+    CHECK(rt::rows_independent(m, &why) == (axis == 0));
+    if (axis != 0) CHECK_THAT(why, Catch::Contains("embed"));
+  }
+}
+
 TEST_CASE("row_parts cuts a batch as the convolution split does; rows slice and join back", "[batch_rows]") {
   CHECK(rt::row_parts(8, 2) == std::vector<int64_t>{4, 4});
   CHECK(rt::row_parts(9, 2) == std::vector<int64_t>{5, 4});
@@ -185,8 +202,8 @@ TEST_CASE("a batch split over the threads by rows gives the bits of the whole on
   }
 }
 
-TEST_CASE("shipped CNNs keep rows apart, as written and fused, and split runs keep their bits", "[batch_rows]") {
-  for (const char* stem : {"resnet_bn_op17", "mobilenetv3_op17", "unet_op17"}) {
+TEST_CASE("shipped models keep rows apart, as written and fused, and split runs keep their bits", "[batch_rows]") {
+  for (const char* stem : {"resnet_bn_op17", "mobilenetv3_op17", "unet_op17", "transformer_op17", "fashion/fashion_vit"}) {
     INFO(stem);
     ir::Model m = ir::load_model(test::source_dir() / "tests/models" / (std::string(stem) + ".onnx"));
     std::string why;
@@ -200,7 +217,9 @@ TEST_CASE("shipped CNNs keep rows apart, as written and fused, and split runs ke
     one.threads = 1;
     two.threads = 2;
     rt::Executor whole(m, one), split(m, two);
-    const Tensor x = test::random_tensor({8, 3, 32, 32}, 17, -2.0f, 2.0f);
+    Shape shape{8};
+    for (size_t d = 1; d < m.graph->inputs()[0]->type.dims.size(); ++d) shape.push_back(m.graph->inputs()[0]->type.dims[d].value);
+    const Tensor x = test::random_tensor(shape, 17, -2.0f, 2.0f);
     const int64_t before = rt::row_split_count();
     const std::vector<Tensor> got = split.run({{m.graph->inputs()[0]->name(), x}});
     CHECK(rt::row_split_count() == before + 1);
@@ -208,11 +227,82 @@ TEST_CASE("shipped CNNs keep rows apart, as written and fused, and split runs ke
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(same_bits(got[i], want[i]));
   }
-  SECTION("the transformer and the ViT read their batch through Shape: they run whole") {
-    for (const char* path : {"tests/models/transformer_op17.onnx", "tests/models/fashion/fashion_vit.onnx"}) {
-      ir::Model m = ir::load_model(test::source_dir() / path);
-      passes::fuse_for_inference(m, rt::BackendKind::CPU);
-      CHECK_THAT(why_not(m), Catch::Contains("Shape node"));
+}
+
+namespace {
+
+// x[N, 4, 6] -> Reshape to [Shape(x)[0], 4, 2, 3] -> Transpose [1, 0, 2, 3] -> Gather(axis 0, 1) ->
+// y[N, 2, 3], as attention heads are split off and picked: the batch size flows through Shape,
+// Gather, Unsqueeze and Concat, the rows move to axis 1 and back. `variant` breaks one step.
+ir::Model heads_graph(const std::string& variant) {
+  ir::Model m;
+  m.set_opset("", 17);
+  ir::Graph& g = *m.graph;
+  ir::Value* x = g.add_value("x", batched({4, 6}));
+  g.add_input(x);
+  auto i64 = [&](const char* name, Shape shape, std::vector<int64_t> v) {
+    return g.add_initializer(name, Tensor::from<int64_t>(shape, v));
+  };
+  ir::Value* shape = g.add_value("shape");
+  g.add_node("Shape", {x}, {shape}, "shape_of_x");
+  ir::Value* n = g.add_value("n");
+  g.add_node("Gather", {shape, i64("which", {}, {variant == "second_dim" ? 1 : 0})}, {n}, "batch_size");
+  ir::Value* size = n;
+  if (variant == "arithmetic") {
+    size = g.add_value("doubled");
+    g.add_node("Mul", {n, i64("two", {}, {2})}, {size}, "double_batch");
+  }
+  ir::Value* n1 = g.add_value("n1");
+  g.add_node("Unsqueeze", {size, i64("axes", {1}, {0})}, {n1}, "unsqueeze");
+  ir::Value* target = g.add_value("target");
+  g.add_node("Concat", {n1, i64("rest", {3}, {4, 2, 3})}, {target}, "concat")->set_attr(ir::Attribute::make_int("axis", 0));
+  ir::Value* r = g.add_value("r");
+  g.add_node("Reshape", {x, target}, {r}, "reshape");
+  ir::Value* t = g.add_value("t");
+  g.add_node("Transpose", {r}, {t}, "transpose")->set_attr(ir::Attribute::make_ints("perm", {1, 0, 2, 3}));
+  if (variant == "moved_output") {
+    g.add_output(t);
+    return m;
+  }
+  ir::Value* in = t;
+  if (variant == "relu_moved") {
+    in = g.add_value("relu");
+    g.add_node("Relu", {t}, {in}, "relu_on_moved");
+  }
+  ir::Value* y = g.add_value("y");
+  g.add_node("Gather", {in, i64("head", {}, {1})}, {y}, "pick")
+      ->set_attr(ir::Attribute::make_int("axis", variant == "gather_batch" ? 1 : 0));
+  g.add_output(y);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the batch size through Shape and the rows through Transpose and Gather", "[batch_rows]") {
+  SECTION("heads split off and picked keep rows apart, and split runs keep their bits") {
+    ir::Model m = heads_graph("");
+    std::string why;
+    REQUIRE(rt::rows_independent(m, &why));
+    rt::ExecOptions one, two;
+    one.threads = 1;
+    two.threads = 2;
+    rt::Executor whole(m, one), split(m, two);
+    for (const int64_t batch : {8, 9}) {
+      const rt::Feeds feeds{{"x", test::random_tensor({batch, 4, 6}, static_cast<uint32_t>(batch))}};
+      const int64_t before = rt::row_split_count();
+      const Tensor got = split.run(feeds)[0];
+      CHECK(rt::row_split_count() == before + 1);
+      CHECK(got.shape() == Shape{batch, 2, 3});
+      CHECK(same_bits(got, whole.run(feeds)[0]));
+    }
+  }
+  SECTION("each broken step is named") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"second_dim", "reshape"}, {"arithmetic", "double_batch"}, {"moved_output", "output 't'"},
+        {"relu_moved", "relu_on_moved"}, {"gather_batch", "pick"}};
+    for (const auto& [variant, named] : cases) {
+      INFO(variant);
+      CHECK_THAT(why_not(heads_graph(variant)), Catch::Contains(named));
     }
   }
 }
