@@ -180,6 +180,8 @@ struct MinMaxFinalBody {
 
 // Signed histogram of calib::Histogram: bin floor(x * scale) + bins, clamped to [0, 2*bins), with
 // scale = bins / R; finite values only (the caller filtered NaN/inf, as calib::TensorStats does).
+// The scale must be a finite float: calib bins a range whose bins / R is past float's range (a
+// tensor of denormals) on the CPU in double.
 struct HistogramBody {
   const float* x;
   int64_t n;
@@ -189,9 +191,15 @@ struct HistogramBody {
   MPQ_HD void operator()(const Thread& t) const {
     const int nbins = 2 * bins;
     for (int64_t i = t.global(); i < n; i += t.stride()) {
-      const float v = x[i] * scale;
+      float v = x[i] * scale;
+      // Kept inside int's range before converting (a scale past float's range gives inf, or NaN
+      // for a zero: both then land in an end bin instead of being undefined).
+      if (!(v > static_cast<float>(-nbins))) v = static_cast<float>(-nbins);
+      if (!(v < static_cast<float>(nbins))) v = static_cast<float>(nbins);
       int fl = static_cast<int>(v);
       fl -= (static_cast<float>(fl) > v) ? 1 : 0;
+      // A negative x whose product underflowed to -0 belongs in bin -1, as calib's exact kernels put it.
+      if (v == 0.0f && x[i] < 0.0f) fl = -1;
       int idx = fl + bins;
       idx = idx < 0 ? 0 : (idx >= nbins ? nbins - 1 : idx);
       hd_atomic_increment(&counts[idx]);

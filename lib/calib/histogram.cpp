@@ -291,7 +291,10 @@ uint64_t bin_values(const float* data, int64_t n, double scale, int bins, uint32
     const float s = static_cast<float>(scale);
     if ((forced == BinningKernel::Auto || forced == BinningKernel::Avx512) && have_avx512())
       return bin_avx512(data, n, s, bins, lanes);
-    if (forced != BinningKernel::Scalar && have_avx2()) return bin_avx2(data, n, s, bins, lanes);
+    // The AVX2 kernel rounds x * scale to nearest before its floor: exact only for a power-of-two
+    // scale, so for a power-of-two bin count (R always is one). AVX-512 rounds toward -inf, which
+    // keeps the floor exact for any scale.
+    if (forced != BinningKernel::Scalar && have_avx2() && (bins & (bins - 1)) == 0) return bin_avx2(data, n, s, bins, lanes);
   }
 #endif
   (void)forced;
@@ -412,8 +415,8 @@ void Histogram::fold() const {
 
 void Histogram::add(const float* data, int64_t n, float max_abs) {
   if (!prepare(n, max_abs)) return;
-  // bins / R is a power of two, so x * scale is exact and its floor is the exact bin offset from
-  // the centre: this matches add_ref() bit for bit.
+  // Every kernel takes the exact floor of x * bins / R (the bin offset from the centre), so this
+  // matches add_ref() bit for bit for any even bin count.
   const double scale = bins_ / range_;
   constexpr int64_t kPiece = int64_t{1} << 31;  // a 32-bit lane copy holds any one piece
   for (int64_t begin = 0; begin < n; begin += kPiece) {

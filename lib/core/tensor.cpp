@@ -91,6 +91,10 @@ class HostCache {
 // not touch it). A plain int stays readable throughout.
 thread_local int t_local_state = 0;
 
+// host_cache_trim() bumps this; each thread frees its own kept blocks at its next allocation or
+// free (another thread's cache cannot be touched safely from here).
+std::atomic<uint64_t> g_trim_generation{0};
+
 class LocalCache {
  public:
   LocalCache() { t_local_state = 1; }
@@ -100,6 +104,7 @@ class LocalCache {
       for (void* p : blocks) HostCache::instance().give(p, cls);
   }
   void* take(size_t cls) {
+    sync();
     auto it = free_.find(cls);
     if (it == free_.end() || it->second.empty()) return HostCache::instance().take(cls);
     void* p = it->second.back();
@@ -108,15 +113,26 @@ class LocalCache {
     return p;
   }
   void give(void* p, size_t cls) {
+    sync();
     if (held_ + cls > kMaxLocal) return HostCache::instance().give(p, cls);
     free_[cls].push_back(p);
     held_ += cls;
   }
 
  private:
+  void sync() {
+    const uint64_t g = g_trim_generation.load(std::memory_order_relaxed);
+    if (g == generation_) return;
+    for (auto& [cls, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    held_ = 0;
+    generation_ = g;
+  }
   static constexpr size_t kMaxLocal = size_t(64) << 20;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t held_ = 0;
+  uint64_t generation_ = g_trim_generation.load(std::memory_order_relaxed);
 };
 
 thread_local LocalCache t_local_cache;
@@ -162,7 +178,10 @@ size_t host_peak_bytes() { return g_peak.load(std::memory_order_relaxed); }
 void host_reset_peak() { g_peak.store(g_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 size_t host_cache_bytes() { return HostCache::instance().held(); }
-void host_cache_trim() { HostCache::instance().trim(); }
+void host_cache_trim() {
+  g_trim_generation.fetch_add(1, std::memory_order_relaxed);
+  HostCache::instance().trim();
+}
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
   for (int64_t d : shape_)

@@ -24,8 +24,10 @@ const char* device_name(Device d);
 // Host memory from a size-classed cache: the executor frees and re-allocates the same sizes on
 // every feed, and reusing blocks avoids page faults on each run. Blocks are 64-byte aligned.
 std::shared_ptr<void> host_alloc(size_t bytes);
-// Bytes currently held in the cache (not in use); for tests and memory reports.
+// Bytes currently held in the shared cache (not in use); for tests and memory reports. Each
+// thread also keeps up to 64 MiB of the blocks it freed, for itself, outside this count.
 size_t host_cache_bytes();
+// Frees the shared cache now, and each thread's own blocks at its next allocation or free.
 void host_cache_trim();
 // Bytes of host tensor memory handed out and not yet returned (in size classes), and the largest
 // that figure has been since the last reset: the training engine reports its peak activation and

@@ -60,7 +60,7 @@ int64_t axis_attr(const ir::Node& n, const char* name, int64_t fallback, int ran
 // channel.
 const std::unordered_set<std::string>& per_row_ops() {
   static const std::unordered_set<std::string> ops = {
-      "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Abs",
+      "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Abs",
       "Neg", "Exp", "Log", "Sqrt", "Erf", "Gelu", "mpq::Gelu", "Clip", "Identity", "Cast", "Conv", "ConvTranspose",
       "mpq::FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
       "InstanceNormalization", "LRN", "QuantizeLinear", "DequantizeLinear", "mpq::FakeQuant"};
@@ -80,20 +80,22 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
       if (has_rows(i) && std::find(allowed.begin(), allowed.end(), i) == allowed.end()) return false;
     return true;
   };
-  if (!n.subgraphs().empty()) return "runs a subgraph";
   if (per_row_ops().count(op)) {
     if (!only_rows_in({0, op == "mpq::FusedConv" ? size_t{3} : size_t{0}})) return "reads rows as a parameter";
     // MaxPool's indices count from the start of the whole tensor, batch included.
     if (op == "MaxPool" && n.num_outputs() > 1 && n.output(1)) return "returns indices into the whole batch";
-    if (op == "BatchNormalization" && n.attr_int("training_mode", 0) != 0) return "uses batch statistics";
+    // Training mode, or (before opset 14) asking for the mean and variance, uses batch statistics.
+    if (op == "BatchNormalization" && (n.attr_int("training_mode", 0) != 0 || (n.num_outputs() > 1 && n.output(1))))
+      return "uses batch statistics";
     if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "mpq::FakeQuant") {
       const Tensor* scale = constant_of(n.input(1));
       if (!scale) return "has a scale that is not a constant";
+      if (n.attr_int("block_size", 0) != 0) return "has scales per block, batch included";
       if (scale->numel() > 1 && axis_attr(n, "axis", 1, rank_of(n.input(0))) < 1) return "has a scale per row";
     }
     return {};
   }
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow") {
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "PRelu") {
     // Broadcasting aligns trailing axes: an input with rows must span all of the output's axes, and
     // one without must not reach axis 0 (a lower rank, or a leading dimension of 1).
     out_rank = 0;
@@ -130,6 +132,10 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
       return {};
     }
     if (!only_rows_in({0})) return "reads rows as B";
+    for (size_t i = 2; i < n.num_inputs(); ++i) {
+      const int rc = rank_of(n.input(i));
+      if (n.input(i) && (rc < 0 || rc > 1)) return "adds a bias that may have rows";
+    }
     if (ra < 2 || rb < 1 || rb > 2) return "multiplies batched matrices";
     out_rank = rb == 1 ? ra - 1 : ra;
     return {};
@@ -143,6 +149,7 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     const bool old = model.opset("") < 11;  // Resize-10: (X, scales)
     if (!only_rows_in({0})) return "reads rows as a parameter";
     if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize") return "crops by a ROI";
+    if (n.has_attr("axes")) return "scales the axes it lists, maybe the batch";  // opset 18
     const ir::Value* sizes = old ? nullptr : n.input(3);
     if (sizes && !(constant_of(sizes) && constant_of(sizes)->numel() == 0)) return "resizes to fixed sizes";
     const Tensor* scales = constant_of(n.input(old ? 1 : 2));
@@ -315,6 +322,8 @@ bool rows_independent(const ir::Model& model, std::string* why) {
   // Nodes are stored in topological order (the executor checks it when it plans).
   for (const auto& node : g.nodes()) {
     const ir::Node& n = *node;
+    // A subgraph may read rows from this graph without listing them as the node's inputs.
+    if (!n.subgraphs().empty()) return fail(fmt::format("{}: runs a subgraph", n.label()));
     bool reads_rows = false, reads_sizes = false;
     for (const ir::Value* v : n.inputs()) {
       reads_rows = reads_rows || (v && rows.count(v));

@@ -69,7 +69,7 @@ struct Executor::Impl : SubgraphRunner {
   // part, made then.
   int rows_split = -1;
   std::vector<std::unique_ptr<Executor>> row_executors;
-  static constexpr size_t kMaxSplitWeightBytes = size_t{64} << 20;
+  static constexpr size_t kMaxSplitWeightBytes = size_t{128} << 20;  // over all the parts' copies
 
   // Runtime scope chain for subgraphs.
   struct Frame {
@@ -89,8 +89,9 @@ struct Executor::Impl : SubgraphRunner {
   // part's rows are copied on the thread that convolves them, so they start in its core's cache.
   bool run_by_rows(const Feeds& feeds, std::vector<Tensor>& out) {
     const int threads = pool.size();
+    // Inside a parallel loop the parts would run one after the other on this thread.
     if (threads < 2 || !options.split_rows || options.backend != BackendKind::CPU || !batch_split_enabled() ||
-        cpu::deterministic_blas())
+        cpu::deterministic_blas() || ThreadPool::inside_parallel_loop())
       return false;
     if (feeds.size() != model.graph->inputs().size()) return false;
     int64_t rows = -1;
@@ -108,7 +109,7 @@ struct Executor::Impl : SubgraphRunner {
       // one copy, costs less memory.
       size_t weight_bytes = 0;
       for (ir::Value* v : model.graph->initializers()) weight_bytes += v->initializer().nbytes();
-      if (rows_split && weight_bytes > kMaxSplitWeightBytes) {
+      if (rows_split && weight_bytes * parts.size() > kMaxSplitWeightBytes) {
         rows_split = 0;
         why = fmt::format("{} MiB of weights would be kept once per thread", weight_bytes >> 20);
       }
@@ -131,16 +132,20 @@ struct Executor::Impl : SubgraphRunner {
         for (const auto& [name, t] : feeds) part.emplace(name, slice_rows(t, begin, parts[k]));
         results[k] = row_executors[k]->run(part);
       });
+      out.clear();
+      const auto& outputs = model.graph->outputs();
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        std::vector<Tensor> pieces;
+        for (const auto& r : results) pieces.push_back(r[o]);
+        out.push_back(concat_rows(pieces, fmt::format("output '{}'", outputs[o]->name())));
+      }
     } catch (const std::exception&) {
       // A part's error would name the part's shapes; the whole batch, run next, fails with its own.
+      // A kernel that takes the whole batch but not a part of it (a parameter shaped like the
+      // batch that the rules above did not see) would fail on every call: stop splitting.
+      rows_split = 0;
+      out.clear();
       return false;
-    }
-    out.clear();
-    const auto& outputs = model.graph->outputs();
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      std::vector<Tensor> pieces;
-      for (const auto& r : results) pieces.push_back(r[o]);
-      out.push_back(concat_rows(pieces, fmt::format("output '{}'", outputs[o]->name())));
     }
     note_row_split();
     return true;

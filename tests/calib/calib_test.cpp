@@ -153,6 +153,16 @@ TEST_CASE("fast and pooled statistics equal the scalar reference bit for bit", "
     require_same_stats(fast, ref);
     require_same_stats(pooled, ref);
   }
+  SECTION("a bin count that is not a power of two (--bins 1000): scale no longer a power of two") {
+    std::vector<float> v = activation_like(20011, 21);
+    for (size_t i = 0; i < v.size(); i += 7) v[i] = 0.01f * static_cast<float>(i % 300);  // products near integers
+    TensorStats ref(true, 1000), fast(true, 1000), pooled(true, 1000);
+    ref.add_ref(v.data(), static_cast<int64_t>(v.size()));
+    fast.add(v.data(), static_cast<int64_t>(v.size()));
+    pooled.add(v.data(), static_cast<int64_t>(v.size()), &pool);
+    require_same_stats(fast, ref);
+    require_same_stats(pooled, ref);
+  }
   SECTION("a tensor of denormals: bins / R past float's range") {
     std::vector<float> v(5003);
     for (size_t i = 0; i < v.size(); ++i)

@@ -118,6 +118,44 @@ TEST_CASE("rows_independent accepts per-row graphs and names the first node that
     s.output(pooled);
     CHECK_THAT(why_not(s.m), Catch::Contains("maxpool") && Catch::Contains("indices"));
   }
+  SECTION("a subgraph, BatchNormalization returning its statistics, Resize by axes, blocked Q/DQ") {
+    for (const char* which : {"if", "bn", "resize", "blocked"}) {
+      INFO(which);
+      SmallCnn s;
+      ir::Graph& g = *s.m.graph;
+      ir::Value* out = g.add_value("out");
+      const std::string w = which;
+      if (w == "if") {
+        // The branch reads the batch from the enclosing graph, which is no input of the If node.
+        auto branch = std::make_shared<ir::Graph>("then", &g);
+        ir::Value* y = branch->add_value("branch_y");
+        branch->add_node("Identity", {branch->add_outer_scope_value("logits")}, {y}, "inner");
+        branch->add_output(y);
+        ir::Node* n = g.add_node("If", {g.add_initializer("cond", Tensor::scalar<bool>(true))}, {out}, "mix");
+        n->set_attr(ir::Attribute::make_graph("then_branch", branch));
+        n->set_attr(ir::Attribute::make_graph("else_branch", branch));
+      } else if (w == "bn") {
+        s.m.set_opset("", 12);
+        ir::Value* mean = g.add_value("mean");
+        g.add_node("BatchNormalization", {s.logits, g.add_initializer("bs", test::random_tensor({3}, 11)),
+                                          g.add_initializer("bb", test::random_tensor({3}, 12)),
+                                          g.add_initializer("bm", test::random_tensor({3}, 13)),
+                                          g.add_initializer("bv", test::random_tensor({3}, 14, 0.5f, 1.0f))},
+                   {out, mean}, "mix");
+      } else if (w == "resize") {
+        ir::Node* n = g.add_node("Resize", {s.x, nullptr, g.add_initializer("scales", Tensor::from<float>({2}, {1.0f, 2.0f}))},
+                                 {out}, "mix");
+        n->set_attr(ir::Attribute::make_ints("axes", {2, 0}));
+      } else {
+        ir::Node* n = g.add_node("DequantizeLinear", {s.logits, g.add_initializer("sc", test::random_tensor({1, 3}, 15, 0.1f, 1.0f))},
+                                 {out}, "mix");
+        n->set_attr(ir::Attribute::make_int("axis", 0));
+        n->set_attr(ir::Attribute::make_int("block_size", 2));
+      }
+      s.output(out);
+      CHECK_THAT(why_not(s.m), Catch::Contains("mix"));
+    }
+  }
   SECTION("a fixed batch in the input, an output that is not computed from the rows") {
     SmallCnn s;
     s.output(s.logits);
