@@ -81,12 +81,17 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     return true;
   };
   if (per_row_ops().count(op)) {
-    if (!only_rows_in({0, op == "mpq::FusedConv" ? size_t{3} : size_t{0}})) return "reads rows as a parameter";
+    // The rows must come in as input 0 (FusedConv's residual Z has the output's shape, so it may
+    // hold rows too, but only beside X).
+    if (!has_rows(0) || !only_rows_in({0, op == "mpq::FusedConv" ? size_t{3} : size_t{0}})) return "reads rows as a parameter";
     // MaxPool's indices count from the start of the whole tensor, batch included.
     if (op == "MaxPool" && n.num_outputs() > 1 && n.output(1)) return "returns indices into the whole batch";
     // Training mode, or (before opset 14) asking for the mean and variance, uses batch statistics.
-    if (op == "BatchNormalization" && (n.attr_int("training_mode", 0) != 0 || (n.num_outputs() > 1 && n.output(1))))
-      return "uses batch statistics";
+    if (op == "BatchNormalization") {
+      bool statistics = n.attr_int("training_mode", 0) != 0;
+      for (size_t i = 1; i < n.num_outputs(); ++i) statistics = statistics || n.output(i) != nullptr;
+      if (statistics) return "uses batch statistics";
+    }
     if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "mpq::FakeQuant") {
       const Tensor* scale = constant_of(n.input(1));
       if (!scale) return "has a scale that is not a constant";
@@ -170,10 +175,16 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
       op == "ReduceL2" || op == "ReduceSumSquare") {
     if (!only_rows_in({0})) return "reads rows as its axes";
     const int r = rank_of(n.input(0));
-    // Axes from the attribute (older opsets) or a constant second input (ReduceSum 13+, all 18+).
+    // Axes from a second input (ReduceSum 13+, all 18+), which the kernel prefers whenever it is
+    // there, else from the attribute.
     std::vector<int64_t> axes = n.attr_ints("axes");
-    if (const Tensor* t = constant_of(n.input(1)); t && t->dtype() == DType::Int64)
-      axes.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
+    if (n.input(1)) {
+      const Tensor* t = constant_of(n.input(1));
+      if (!t || (t->dtype() != DType::Int64 && t->dtype() != DType::Int32)) return "reduces over axes computed at run time";
+      axes.clear();
+      for (int64_t i = 0; i < t->numel(); ++i)
+        axes.push_back(t->dtype() == DType::Int64 ? t->data<int64_t>()[i] : t->data<int32_t>()[i]);
+    }
     if (axes.empty() || r < 0) return "may reduce over the batch axis";
     for (int64_t a : axes)
       if ((a < 0 ? a + r : a) == 0) return "reduces over the batch axis";

@@ -118,8 +118,9 @@ TEST_CASE("rows_independent accepts per-row graphs and names the first node that
     s.output(pooled);
     CHECK_THAT(why_not(s.m), Catch::Contains("maxpool") && Catch::Contains("indices"));
   }
-  SECTION("a subgraph, BatchNormalization returning its statistics, Resize by axes, blocked Q/DQ") {
-    for (const char* which : {"if", "bn", "resize", "blocked"}) {
+  SECTION("a subgraph, BatchNormalization returning its statistics, Resize by axes, blocked Q/DQ, "
+          "a reduction whose axes input overrides its attribute, rows only in a convolution's Z") {
+    for (const char* which : {"if", "bn", "resize", "blocked", "reduce", "z_only"}) {
       INFO(which);
       SmallCnn s;
       ir::Graph& g = *s.m.graph;
@@ -136,16 +137,29 @@ TEST_CASE("rows_independent accepts per-row graphs and names the first node that
         n->set_attr(ir::Attribute::make_graph("else_branch", branch));
       } else if (w == "bn") {
         s.m.set_opset("", 12);
-        ir::Value* mean = g.add_value("mean");
+        // Only the saved mean (output 3) asked for: batch statistics all the same.
+        ir::Value* saved_mean = g.add_value("saved_mean");
         g.add_node("BatchNormalization", {s.logits, g.add_initializer("bs", test::random_tensor({3}, 11)),
                                           g.add_initializer("bb", test::random_tensor({3}, 12)),
                                           g.add_initializer("bm", test::random_tensor({3}, 13)),
                                           g.add_initializer("bv", test::random_tensor({3}, 14, 0.5f, 1.0f))},
-                   {out, mean}, "mix");
+                   {out, nullptr, nullptr, saved_mean}, "mix");
       } else if (w == "resize") {
         ir::Node* n = g.add_node("Resize", {s.x, nullptr, g.add_initializer("scales", Tensor::from<float>({2}, {1.0f, 2.0f}))},
                                  {out}, "mix");
         n->set_attr(ir::Attribute::make_ints("axes", {2, 0}));
+      } else if (w == "reduce") {
+        // The kernel reads the axes input (int32 here) when there is one: axis 0.
+        ir::Node* n = g.add_node("ReduceMean", {s.logits, g.add_initializer("rax", Tensor::from<int32_t>({1}, {0}))}, {out}, "mix");
+        n->set_attr(ir::Attribute::make_ints("axes", {1}));
+        n->set_attr(ir::Attribute::make_int("keepdims", 0));
+      } else if (w == "z_only") {
+        s.m.set_opset("mpq", 1);
+        ir::Node* n = g.add_node("FusedConv", {g.add_initializer("cx", test::random_tensor({2, 4, 6, 6}, 16)), g.find("w"),
+                                               g.find("b"), g.find("c")},
+                                 {out}, "mix");
+        n->domain = "mpq";
+        n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
       } else {
         ir::Node* n = g.add_node("DequantizeLinear", {s.logits, g.add_initializer("sc", test::random_tensor({1, 3}, 15, 0.1f, 1.0f))},
                                  {out}, "mix");
