@@ -91,8 +91,9 @@ __attribute__((target("avx2"))) MinMaxScan scan_avx2(const float* data, int64_t 
 // ---- binning: bin index floor(x * scale) + bins, clamped to the 2*bins signed bins, counted into
 // kLaneCopies interleaved copies of the counters (copy c at lanes + c * 2 * bins)
 
-// The scalar kernel multiplies in double: exact for every float and power-of-two scale, so it also
-// serves scales past float's range (a tensor of denormals) and the tails of the vector kernels.
+// The scalar kernel multiplies in double: exact for every float and a scale bins / R (R a power of
+// two, bins an int of fewer than 30 bits), so it also serves scales past float's range (a tensor of
+// denormals) and the tails of the vector kernels.
 uint64_t bin_scalar(const float* data, int64_t n, double scale, int bins, uint32_t* lanes) {
   const int nbins = 2 * bins;
   uint64_t zeros = 0;
@@ -198,8 +199,9 @@ struct StagedRound {
 // Few vector instructions per 16 values, since only two ports run 512-bit ones (this loop was
 // half of the binning's time):
 // - the index is floor(x * scale) + bins by a multiply and a conversion, both rounding toward
-//   -inf: x * scale is exact (scale is a power of two), except that a product below float's range
-//   then rounds to the nearest denormal below it, never up to -0 (a tiny negative x stays in
+//   -inf: the rounded product is never above the exact one, nor below the integer under it
+//   (integers this small are floats), so its floor is exact for any scale; a product below
+//   float's range rounds to the denormal below it, never up to -0 (a tiny negative x stays in
 //   bin -1, as in the double-precision scalar kernel);
 // - one unsigned min keeps every index inside the counters: an in-range index needs no clamp
 //   (|x| < R, so |x * scale| < bins), and a negative one (NaN, or a value past the range in a round

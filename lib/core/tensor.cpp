@@ -81,11 +81,6 @@ class HostCache {
   size_t held_ = 0;
 };
 
-// Blocks freed on a thread are kept for that thread first, up to kMaxLocal bytes: an executor
-// running part of a batch on each thread (runtime/batch_rows.h) then gets back blocks its own core
-// wrote last, instead of ones the other core holds in its cache (writing those moves every cache
-// line between the cores). The rest goes to the shared cache; a thread's blocks return there when
-// it ends.
 // 0 before the thread's LocalCache is made, 1 while it lives, 2 after its destructor (at thread
 // exit, or for the main thread before static objects are destroyed: a static Tensor freed then must
 // not touch it). A plain int stays readable throughout.
@@ -95,6 +90,11 @@ thread_local int t_local_state = 0;
 // free (another thread's cache cannot be touched safely from here).
 std::atomic<uint64_t> g_trim_generation{0};
 
+// Blocks freed on a thread are kept for that thread first, up to kMaxLocal bytes: an executor
+// running part of a batch on each thread (runtime/batch_rows.h) then gets back blocks its own core
+// wrote last, instead of ones the other core holds in its cache (writing those moves every cache
+// line between the cores). The rest goes to the shared cache; a thread's blocks return there when
+// it ends.
 class LocalCache {
  public:
   LocalCache() { t_local_state = 1; }

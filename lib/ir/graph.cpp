@@ -506,6 +506,17 @@ void collect_outer_refs(const Graph& g, std::set<std::string>& out) {
 }
 }  // namespace
 
+const Tensor* constant_value(const Value* v) {
+  if (!v) return nullptr;
+  if (v->is_constant()) return &v->initializer();
+  // A Constant node's tensor (fold_constants turns these into initializers, but passes and the
+  // executor's analyses also see unfolded graphs).
+  const Node* p = v->producer();
+  if (p && p->op_type == "Constant" && p->domain.empty() && p->attr("value") && p->attr("value")->type == AttrType::Tensor)
+    return &p->attr("value")->t;
+  return nullptr;
+}
+
 std::vector<std::string> outer_references(const Graph& subgraph) {
   std::set<std::string> refs;
   collect_outer_refs(subgraph, refs);

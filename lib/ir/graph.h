@@ -309,4 +309,8 @@ std::string canonical_domain(std::string_view domain);
 // Names a subgraph (and the subgraphs inside it) reads from enclosing scopes.
 std::vector<std::string> outer_references(const Graph& subgraph);
 
+// The constant value of `v` (an initializer that is not an overridable graph input, or a Constant
+// node's `value`), or nullptr.
+const Tensor* constant_value(const Value* v);
+
 }  // namespace mpq::ir

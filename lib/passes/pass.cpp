@@ -101,17 +101,6 @@ std::vector<PassStats> run_passes(ir::Model& model, const std::vector<std::strin
   return out;
 }
 
-const Tensor* constant_value(const ir::Value* v) {
-  if (!v) return nullptr;
-  if (v->is_constant()) return &v->initializer();
-  // A Constant node's tensor (fold_constants turns these into initializers, but passes also run
-  // on unfolded graphs).
-  const ir::Node* p = v->producer();
-  if (p && p->op_type == "Constant" && p->domain.empty() && p->attr("value") && p->attr("value")->type == ir::AttrType::Tensor)
-    return &p->attr("value")->t;
-  return nullptr;
-}
-
 size_t consumer_count(const ir::Model& model, const ir::Value* v) {
   size_t n = v->uses().size() + (v->is_graph_output() ? 1 : 0);
   for (const auto& node : model.graph->nodes())

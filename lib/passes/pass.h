@@ -61,9 +61,7 @@ std::vector<PassStats> run_passes(ir::Model& model, const std::vector<std::strin
 PassStats run_pass(Pass& pass, ir::Model& model, bool verify = true);
 
 // Helpers shared by passes.
-// The constant value of `v` (an initializer that is not an overridable graph input, or a Constant
-// node's `value`), or nullptr.
-const Tensor* constant_value(const ir::Value* v);
+using ir::constant_value;
 // Number of consumers of `v`, counting graph-output use and subgraph references.
 size_t consumer_count(const ir::Model& model, const ir::Value* v);
 // Drops initializers nothing reads any more (not graph inputs or outputs); returns how many.

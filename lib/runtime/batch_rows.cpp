@@ -16,16 +16,6 @@ namespace {
 
 using ValueSet = std::unordered_set<const ir::Value*>;
 
-// An initializer's or a Constant node's tensor.
-const Tensor* constant_of(const ir::Value* v) {
-  if (!v) return nullptr;
-  if (v->is_constant()) return &v->initializer();
-  const ir::Node* p = v->producer();
-  if (p && p->domain.empty() && p->op_type == "Constant" && p->attr("value") && p->attr("value")->type == ir::AttrType::Tensor)
-    return &p->attr("value")->t;
-  return nullptr;
-}
-
 // Ranks of the values with rows, as each accepted node gives them to its outputs (models as
 // written often declare no types for intermediate values); -1 when unknown.
 using Ranks = std::unordered_map<const ir::Value*, int>;
@@ -34,14 +24,14 @@ using Ranks = std::unordered_map<const ir::Value*, int>;
 int rank_of(const Ranks& ranks, const ir::Value* v) {
   if (!v) return -1;
   if (auto it = ranks.find(v); it != ranks.end() && it->second >= 0) return it->second;
-  if (const Tensor* c = constant_of(v)) return c->rank();
+  if (const Tensor* c = ir::constant_value(v)) return c->rank();
   if (v->type.is_tensor() && v->type.has_shape) return static_cast<int>(v->type.dims.size());
   return -1;
 }
 
 // Leading dimension when known (constant or declared fixed), else -1.
 int64_t dim0_of(const ir::Value* v) {
-  if (const Tensor* c = constant_of(v)) return c->rank() > 0 ? c->shape()[0] : -1;
+  if (const Tensor* c = ir::constant_value(v)) return c->rank() > 0 ? c->shape()[0] : -1;
   if (v && v->type.is_tensor() && v->type.has_shape && !v->type.dims.empty() && v->type.dims[0].known())
     return v->type.dims[0].value;
   return -1;
@@ -93,7 +83,7 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
       if (statistics) return "uses batch statistics";
     }
     if (op == "QuantizeLinear" || op == "DequantizeLinear" || op == "mpq::FakeQuant") {
-      const Tensor* scale = constant_of(n.input(1));
+      const Tensor* scale = ir::constant_value(n.input(1));
       if (!scale) return "has a scale that is not a constant";
       if (n.attr_int("block_size", 0) != 0) return "has scales per block, batch included";
       if (scale->numel() > 1 && axis_attr(n, "axis", 1, rank_of(n.input(0))) < 1) return "has a scale per row";
@@ -156,8 +146,8 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize") return "crops by a ROI";
     if (n.has_attr("axes")) return "scales the axes it lists, maybe the batch";  // opset 18
     const ir::Value* sizes = old ? nullptr : n.input(3);
-    if (sizes && !(constant_of(sizes) && constant_of(sizes)->numel() == 0)) return "resizes to fixed sizes";
-    const Tensor* scales = constant_of(n.input(old ? 1 : 2));
+    if (sizes && !(ir::constant_value(sizes) && ir::constant_value(sizes)->numel() == 0)) return "resizes to fixed sizes";
+    const Tensor* scales = ir::constant_value(n.input(old ? 1 : 2));
     if (!scales || scales->numel() == 0 || scales->dtype() != DType::Float32 || scales->data<float>()[0] != 1.0f)
       return "may scale the batch axis";
     return {};
@@ -179,7 +169,7 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     // there, else from the attribute.
     std::vector<int64_t> axes = n.attr_ints("axes");
     if (n.input(1)) {
-      const Tensor* t = constant_of(n.input(1));
+      const Tensor* t = ir::constant_value(n.input(1));
       if (!t || (t->dtype() != DType::Int64 && t->dtype() != DType::Int32)) return "reduces over axes computed at run time";
       axes.clear();
       for (int64_t i = 0; i < t->numel(); ++i)
@@ -194,7 +184,7 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
   if (op == "Reshape") {
     // A constant shape keeps the batch only by copying it (0, without allowzero); one computed from
     // the batch size is handled with the sizes (rows_independent).
-    const Tensor* shape = constant_of(n.input(1));
+    const Tensor* shape = ir::constant_value(n.input(1));
     if (!only_rows_in({0}) || !shape || shape->dtype() != DType::Int64 || shape->numel() == 0) return "may reshape the rows";
     if (shape->data<int64_t>()[0] != 0 || n.attr_int("allowzero", 0) != 0) return "may reshape the rows";
     out_rank = static_cast<int>(shape->numel());
@@ -217,7 +207,7 @@ namespace {
 
 // Constant int64 elements of v (a 0-D or 1-D initializer or Constant), or false.
 bool constant_ints(const ir::Value* v, std::vector<int64_t>& out) {
-  const Tensor* t = constant_of(v);
+  const Tensor* t = ir::constant_value(v);
   if (!t || t->dtype() != DType::Int64 || t->rank() > 1) return false;
   out.assign(t->data<int64_t>(), t->data<int64_t>() + t->numel());
   return true;
@@ -250,7 +240,7 @@ bool sizes_of_node(const ir::Node& n, const std::unordered_map<const ir::Value*,
   }
   if (op == "Gather" && in && !in->scalar && n.attr_int("axis", 0) == 0) {
     std::vector<int64_t> idx;
-    const Tensor* t = constant_of(n.input(1));
+    const Tensor* t = ir::constant_value(n.input(1));
     if (constant_ints(n.input(1), idx)) {
       const auto len = static_cast<int64_t>(in->batch.size());
       for (int64_t i : idx) {
@@ -285,7 +275,7 @@ bool sizes_of_node(const ir::Node& n, const std::unordered_map<const ir::Value*,
       std::vector<int64_t> c;
       if (const Sizes* part = sized(i); part && !part->scalar) {
         out.batch.insert(out.batch.end(), part->batch.begin(), part->batch.end());
-      } else if (constant_ints(n.input(i), c) && constant_of(n.input(i))->rank() == 1) {
+      } else if (constant_ints(n.input(i), c) && ir::constant_value(n.input(i))->rank() == 1) {
         out.batch.insert(out.batch.end(), c.size(), 0);
       } else {
         problem = "joins sizes with a value of unknown length";
@@ -384,7 +374,7 @@ bool rows_independent(const ir::Model& model, std::string* why) {
     if (plain && n.op_type == "Gather" && rows.count(x) && !rows.count(n.input(1))) {
       // Picking along another axis with constant indices: the rows stay, one axis earlier or
       // later as the indices' rank replaces the gathered axis.
-      const Tensor* idx = constant_of(n.input(1));
+      const Tensor* idx = ir::constant_value(n.input(1));
       const int64_t a = axis_attr(n, "axis", 0, rank);
       const int b = axis_of(x);
       if (!idx || rank < 0 || a < 0 || a == b) return fail(fmt::format("{}: gathers along the batch axis", n.label()));

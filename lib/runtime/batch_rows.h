@@ -30,7 +30,7 @@ bool batch_split_enabled();
 
 // How many rows each of `threads` parts takes of a batch of `rows`: empty where the batch is not
 // worth splitting (fewer rows than threads, or an uneven split with few rows per thread: the
-// larger parts would leave a thread waiting). Same rule as the per-convolution split.
+// larger parts would leave a thread waiting). The per-convolution split cuts images by it too.
 std::vector<int64_t> row_parts(int64_t rows, int threads);
 
 // Runs split by rows so far in this process (tests); the executor notes each.

@@ -639,21 +639,22 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
 // stride-2 16 -> 32 one), but the unsplit ones after them slower (16 -> 25 us), 3-6% slower in all.
 std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
-  if (threads < 2 || !batch_split_enabled()) return parts;
-  // Fewer images than threads would leave threads idle that oneDNN's own split uses; a batch that
-  // does not divide evenly waits for the larger parts (3 images on 2 threads: 2 image-times, where
-  // oneDNN's split takes about 1.5), unless there are many images per thread.
-  if (s.n < threads || (s.n % threads != 0 && s.n < 4 * threads)) return parts;
+  if (!batch_split_enabled()) return parts;
+  // Images per part as the executor's whole-graph split cuts a batch (row_parts): none where there
+  // are fewer images than threads (oneDNN's own split would use the idle ones) or an uneven split
+  // with few images per thread (3 images on 2 threads: 2 image-times, where oneDNN's split takes
+  // about 1.5).
+  const std::vector<int64_t> images = row_parts(s.n, threads);
   // A convolution too small for a second thread runs on one, whole.
-  if (team_size(s, threads) < threads) return parts;
-  const int64_t count = threads;
-  for (int64_t i = 0, at = 0; i < count; ++i) {
+  if (images.empty() || team_size(s, threads) < threads) return parts;
+  int64_t at = 0;
+  for (const int64_t count : images) {
     Part p;
     p.shape = s;
-    p.shape.n = s.n / count + (i < s.n % count ? 1 : 0);
+    p.shape.n = count;
     p.x_offset = at * s.c * s.ih * s.iw;
     p.y_offset = at * s.m * s.oh * s.ow;
-    at += p.shape.n;
+    at += count;
     parts.push_back(p);
   }
   return parts;
