@@ -140,6 +140,56 @@ TEST_CASE("MaxPool matches the reference", "[pool][maxpool]") {
   }
 }
 
+// The 2x2 stride-2 fast path (no padded copy of the plane): widths that leave no tail, a tail and
+// only a tail for the 8-wide vector loop, odd H and W (the last row and column dropped), end pads
+// that no window reaches, and NaNs in every tap position (a NaN wins only as the first tap, as in
+// the reference). Shapes that must leave the fast path (ceil_mode with a partial window, a begin
+// pad) are checked too, without NaNs.
+TEST_CASE("MaxPool 2x2 stride 2 matches the reference bit for bit", "[pool][maxpool]") {
+  const std::vector<PoolCase> cases = {
+      {{1, 3, 32, 32}, {2, 2}, {2, 2}, {}, {}, false},   {{2, 5, 9, 33}, {2, 2}, {2, 2}, {}, {}, false},
+      {{1, 2, 6, 38}, {2, 2}, {2, 2}, {}, {}, false},    {{3, 1, 4, 6}, {2, 2}, {2, 2}, {}, {}, false},
+      {{1, 2, 6, 6}, {2, 2}, {2, 2}, {}, {0, 0, 1, 1}, false},
+      {{1, 2, 7, 9}, {2, 2}, {2, 2}, {}, {}, true},      {{1, 2, 8, 8}, {2, 2}, {2, 2}, {}, {1, 1, 0, 0}, false},
+  };
+  // Same values, NaN where the reference has NaN.
+  auto differing = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.dtype() == want.dtype());
+    REQUIRE(got.shape() == want.shape());
+    int64_t n = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const double g = got.get_double(i), w = want.get_double(i);
+      n += std::isnan(w) ? !std::isnan(g) : g != w;
+    }
+    return n;
+  };
+  uint32_t seed = 500;
+  for (const PoolCase& c : cases) {
+    INFO(describe(c));
+    Tensor x = test::random_tensor(c.x, seed++, -50.0f, 50.0f);
+    float* xp = x.data<float>();
+    // NaNs in every tap position of some windows (a stride of 37 walks through them), two in the
+    // first window.
+    // Only on the fast path's shapes: the general path pads with -inf, which, as a first tap,
+    // lets a NaN after it lose (the reference takes the first tap inside the plane).
+    const bool fast = (c.pads.empty() || (c.pads[0] == 0 && c.pads[1] == 0)) && !c.ceil_mode;
+    for (int64_t i = 5; fast && i < x.numel(); i += 37) xp[i] = std::nanf("");
+    if (fast) xp[0] = xp[1] = std::nanf("");
+    for (int threads : {1, 2}) {
+      INFO("threads " << threads);
+      CHECK(differing(test::run_node("MaxPool", {x}, pool_attrs(c), 1, 19, threads)[0],
+                      rt::cpu::max_pool_ref(x, geometry(c))) == 0);
+    }
+    const Tensor xd = x.cast_to(DType::Float64);
+    CHECK(differing(run_node("MaxPool", {xd}, pool_attrs(c))[0], rt::cpu::max_pool_ref(xd, geometry(c))) == 0);
+    // Integers (whole values: the reference works in float) take the portable row loop.
+    Tensor xr(DType::Float32, c.x);
+    for (int64_t i = 0; i < x.numel(); ++i) xr.data<float>()[i] = std::isnan(xp[i]) ? 0.0f : std::round(xp[i]);
+    CHECK(differing(run_node("MaxPool", {xr.cast_to(DType::Int32)}, pool_attrs(c), 1, 12)[0],
+                    rt::cpu::max_pool_ref(xr, geometry(c)).cast_to(DType::Int32)) == 0);
+  }
+}
+
 TEST_CASE("MaxPool on integer types and with auto_pad", "[pool][maxpool]") {
   Tensor xf = test::random_tensor({2, 3, 9, 11}, 77, -100.0f, 100.0f);
   Tensor xr(DType::Float32, xf.shape());
