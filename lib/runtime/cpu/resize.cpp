@@ -12,6 +12,9 @@
 // the pre-11 rules (asymmetric coordinates; nearest floors when upsampling, ceils when downsampling).
 #include <algorithm>
 #include <cmath>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "runtime/cpu/register_all.h"
 #include "runtime/cpu/shape_internal.h"
@@ -228,6 +231,49 @@ Tensor resample_axis(ThreadPool& pool, const Tensor& in, size_t axis, const Axis
   return out;
 }
 
+// The two row loops of bilinear_2d. dst[x] = wa[x] * src[x0[x]] + wb[x] * src[x1[x]] (horizontal)
+// and dst[x] = w0 * h0[x] + w1 * h1[x] (vertical), each product rounded before the sum (no fused
+// multiply-add), so the AVX2 versions give the portable loops' bits.
+void horizontal_row_plain(const float* src, const int32_t* x0, const int32_t* x1, const float* wa, const float* wb,
+                          float* dst, int64_t from, int64_t n) {
+  for (int64_t x = from; x < n; ++x) dst[x] = wa[x] * src[x0[x]] + wb[x] * src[x1[x]];
+}
+
+void blend_rows_plain(const float* h0, const float* h1, float w0, float w1, float* dst, int64_t from, int64_t n) {
+  for (int64_t x = from; x < n; ++x) dst[x] = w0 * h0[x] + w1 * h1[x];
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// 8 outputs per step, the two taps gathered (U-Net's 2x upsampling of 32 x 16 x 16 at batch 1: the
+// scalar loops took 30 us, most of the model's time outside its convolutions).
+__attribute__((target("avx2"))) void horizontal_row_avx2(const float* src, const int32_t* x0, const int32_t* x1,
+                                                         const float* wa, const float* wb, float* dst, int64_t from,
+                                                         int64_t n) {
+  int64_t x = from;
+  for (; x + 8 <= n; x += 8) {
+    const __m256 s0 = _mm256_i32gather_ps(src, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + x)), 4);
+    const __m256 s1 = _mm256_i32gather_ps(src, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + x)), 4);
+    _mm256_storeu_ps(dst + x, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(wa + x), s0),
+                                            _mm256_mul_ps(_mm256_loadu_ps(wb + x), s1)));
+  }
+  horizontal_row_plain(src, x0, x1, wa, wb, dst, x, n);
+}
+
+__attribute__((target("avx2"))) void blend_rows_avx2(const float* h0, const float* h1, float w0, float w1, float* dst,
+                                                     int64_t from, int64_t n) {
+  const __m256 a = _mm256_set1_ps(w0), b = _mm256_set1_ps(w1);
+  int64_t x = from;
+  for (; x + 8 <= n; x += 8)
+    _mm256_storeu_ps(dst + x, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(h0 + x)),
+                                            _mm256_mul_ps(b, _mm256_loadu_ps(h1 + x))));
+  blend_rows_plain(h0, h1, w0, w1, dst, x, n);
+}
+#endif
+
+using HorizontalRowFn = void (*)(const float*, const int32_t*, const int32_t*, const float*, const float*, float*,
+                                 int64_t, int64_t);
+using BlendRowsFn = void (*)(const float*, const float*, float, float, float*, int64_t, int64_t);
+
 // Fused bilinear for float32 [N, C, H, W] resized on H and W only: each needed input row is
 // interpolated horizontally once into a small row cache, then output rows blend two cached rows.
 Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const AxisTaps& tx) {
@@ -244,6 +290,15 @@ Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const
     wa[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x)];
     wb[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x + 1)];
   }
+  HorizontalRowFn horizontal_row = horizontal_row_plain;
+  BlendRowsFn blend_rows = blend_rows_plain;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    horizontal_row = horizontal_row_avx2;
+    blend_rows = blend_rows_avx2;
+  }
+#endif
   // Work items: (plane, block of output rows); each keeps its own cache of two horizontal rows.
   const int64_t rows_per_block = std::max<int64_t>(1, std::min<int64_t>(OH, 16384 / std::max<int64_t>(OW, 1)));
   const int64_t blocks = (OH + rows_per_block - 1) / rows_per_block;
@@ -260,10 +315,7 @@ Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const
       }
       // Horizontal pass of source row `r` into cache slot `slot`.
       auto horizontal = [&](int64_t r, int slot) {
-        const float* src = plane + r * W;
-        float* dst = cache.data() + slot * OW;
-        for (int64_t x = 0; x < OW; ++x)
-          dst[x] = wa[static_cast<size_t>(x)] * src[x0[static_cast<size_t>(x)]] + wb[static_cast<size_t>(x)] * src[x1[static_cast<size_t>(x)]];
+        horizontal_row(plane + r * W, x0.data(), x1.data(), wa.data(), wb.data(), cache.data() + slot * OW, 0, OW);
         cached[slot] = r;
       };
       auto row = [&](int64_t r) -> const float* {
@@ -296,7 +348,7 @@ Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const
           horizontal(r1, slot);
           h1 = cache.data() + slot * OW;
         }
-        for (int64_t x = 0; x < OW; ++x) dst[x] = wy0 * h0[x] + wy1 * h1[x];
+        blend_rows(h0, h1, wy0, wy1, dst, 0, OW);
       }
     }
   });
