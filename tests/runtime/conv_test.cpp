@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -381,6 +382,61 @@ TEST_CASE("ConvTranspose matches the reference", "[conv][transpose]") {
   // each GEMM and col2im over the threads instead.
   for (const int64_t n : {2, 3, 8})
     check_transpose_case({n, 64, 32, 1, {8, 8}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
+}
+
+// Kernel equal to stride (the columns interleaved straight into Y with the bias): stride 2 with
+// widths that leave a tail for the 8-wide loop (9, 3) or none (16), stride 3 and mixed strides,
+// groups, no bias, 1-D, 3-D and float64; then shapes just outside it (output_padding, a pad),
+// which take the fill-and-add path.
+TEST_CASE("ConvTranspose with kernel equal to stride matches the reference", "[conv][transpose]") {
+  uint32_t seed = 950;
+  check_transpose_case({1, 64, 32, 1, {8, 9}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
+  check_transpose_case({2, 6, 4, 1, {5, 16}, {2, 2}, {2, 2}, {}, {}, {}, false}, seed++);
+  check_transpose_case({1, 6, 8, 2, {7, 3}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
+  check_transpose_case({1, 5, 3, 1, {4, 5}, {3, 3}, {3, 3}, {}, {}, {}, true}, seed++);
+  check_transpose_case({1, 5, 3, 1, {4, 5}, {3, 2}, {3, 2}, {}, {}, {}, true}, seed++);
+  check_transpose_case({2, 4, 3, 1, {11}, {2}, {2}, {}, {}, {}, true}, seed++);
+  check_transpose_case({1, 4, 3, 1, {3, 4, 5}, {2, 2, 2}, {2, 2, 2}, {}, {}, {}, true}, seed++);
+  check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++, DType::Float64);
+  check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {}, {1, 1}, true}, seed++);
+  check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {1, 0, 0, 0}, {}, true}, seed++);
+}
+
+TEST_CASE("ConvTranspose with kernel equal to stride gives the fill-and-add path's bits", "[conv][transpose]") {
+  // The same weights as a 3x3-kernel, stride-2 ConvTranspose whose extra taps are zero would
+  // overlap, so it takes the general path; with the bias absent a -0 column value must still give
+  // +0 (the general path fills Y with 0 and adds).
+  Tensor x = test::random_tensor({1, 3, 4, 5}, 31);
+  Tensor w = test::random_tensor({3, 2, 2, 2}, 32);
+  // The first input row zero in every channel and W[:, 0, 0, 0] negative: those columns are
+  // (+0 * negative) summed, -0.
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t i = 0; i < 5; ++i) x.data<float>()[c * 20 + i] = 0.0f;
+    float& tap = w.data<float>()[c * 8];
+    tap = -std::fabs(tap) - 0.1f;
+  }
+  Tensor w3(DType::Float32, {3, 2, 3, 3});
+  std::fill(w3.data<float>(), w3.data<float>() + w3.numel(), 0.0f);
+  for (int64_t c = 0; c < 3; ++c)
+    for (int64_t m = 0; m < 2; ++m)
+      for (int64_t kh = 0; kh < 2; ++kh)
+        for (int64_t kw = 0; kw < 2; ++kw)
+          w3.data<float>()[((c * 2 + m) * 3 + kh) * 3 + kw] = w.data<float>()[((c * 2 + m) * 2 + kh) * 2 + kw];
+  const Attrs strides{ir::Attribute::make_ints("strides", {2, 2})};
+  Tensor fast = run_node("ConvTranspose", {x, w}, strides)[0];
+  // The 3x3 output is one row and column larger; its top-left [8, 10] is the same sums.
+  Tensor general = run_node("ConvTranspose", {x, w3}, strides)[0];
+  REQUIRE(fast.shape() == Shape{1, 2, 8, 10});
+  REQUIRE(general.shape() == Shape{1, 2, 9, 11});
+  int64_t differ = 0;
+  for (int64_t m = 0; m < 2; ++m)
+    for (int64_t h = 0; h < 8; ++h)
+      for (int64_t v = 0; v < 10; ++v) {
+        const float a = fast.data<float>()[(m * 8 + h) * 10 + v], b = general.data<float>()[(m * 9 + h) * 11 + v];
+        differ += std::memcmp(&a, &b, sizeof(float)) != 0;
+      }
+  CHECK(differ == 0);
+  CHECK(std::signbit(fast.data<float>()[0]) == false);  // -0 from the columns, +0 in Y
 }
 
 TEST_CASE("ConvTranspose output_shape and auto_pad", "[conv][transpose]") {

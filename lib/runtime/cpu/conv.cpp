@@ -841,6 +841,85 @@ void col2im(ThreadPool& pool, const T* col, int64_t channels, const Window3& g, 
   });
 }
 
+// A ConvTranspose whose kernel equals its stride, with no padding or dilation (U-Net's and FPN's
+// learned upsampling) writes every output once: Y[m, ih*s + kh, iw*s + kw] = b[m] + col[(m, kh, kw),
+// (ih, iw)]. The columns are then interleaved into Y with the bias, instead of filling Y with the
+// bias and adding the columns in a scattered loop (U-Net at batch 1: col2im and the bias fill took
+// 9 of the ConvTranspose's 19 us). `b + col` is what the fill-then-add gives, bit for bit (an absent
+// bias is 0, so a -0 column value still becomes +0).
+bool kernel_is_stride(const Window3& g) {
+  for (int d = 0; d < 3; ++d)
+    if (g.k[d] != g.s[d] || g.d[d] != 1 || g.pb[d] != 0 || g.out[d] != g.in[d] * g.s[d]) return false;
+  return true;
+}
+
+template <typename T>
+void interleave_row_plain(const T* c0, const T* c1, T bias, T* y, int64_t from, int64_t n) {
+  for (int64_t i = from; i < n; ++i) {
+    y[2 * i] = bias + c0[i];
+    y[2 * i + 1] = bias + c1[i];
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Stride 2, float32: 8 values of each column row per step, interleaved by unpack and lane permutes.
+__attribute__((target("avx2"))) void interleave_row_avx2(const float* c0, const float* c1, float bias, float* y,
+                                                         int64_t n) {
+  const __m256 b = _mm256_set1_ps(bias);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_add_ps(b, _mm256_loadu_ps(c0 + i)), z = _mm256_add_ps(b, _mm256_loadu_ps(c1 + i));
+    const __m256 lo = _mm256_unpacklo_ps(a, z), hi = _mm256_unpackhi_ps(a, z);  // [a0 z0 a1 z1 | a4 z4 a5 z5], ...
+    _mm256_storeu_ps(y + 2 * i, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(y + 2 * i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
+  interleave_row_plain(c0, c1, bias, y, i, n);
+}
+#endif
+
+// col: [Mg * K, Sin] as the GEMM wrote it; y: the group's [Mg, S] output.
+template <typename T>
+void col2im_kernel_is_stride(ThreadPool& pool, const T* col, int64_t channels, const Window3& g, const T* bias, T* y) {
+  const int64_t K = g.k_size(), Sin = g.in_size(), S = g.out_size();
+  const int64_t IH = g.in[1], IW = g.in[2], OH = g.out[1], OW = g.out[2], KH = g.k[1], KW = g.k[2];
+  bool avx2 = false;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if constexpr (std::is_same_v<T, float>) {
+    static const bool has_avx2 = __builtin_cpu_supports("avx2");
+    avx2 = has_avx2;
+  }
+#endif
+  pool.parallel_for(channels * g.in[0], std::max<int64_t>(1, 16384 / std::max<int64_t>(K * Sin, 1)),
+                    [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t m = item / g.in[0], id = item % g.in[0];
+      const T b = bias ? bias[m] : T(0);
+      for (int64_t kd = 0; kd < g.k[0]; ++kd)
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const T* src = col + (m * K + (kd * KH + kh) * KW) * Sin + id * IH * IW;
+          for (int64_t ih = 0; ih < IH; ++ih) {
+            T* out = y + m * S + ((id * g.s[0] + kd) * OH + ih * KH + kh) * OW;
+            const T* row = src + ih * IW;
+            if (KW == 2) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+              if constexpr (std::is_same_v<T, float>) {
+                if (avx2) {
+                  interleave_row_avx2(row, row + Sin, b, out, IW);
+                  continue;
+                }
+              }
+#endif
+              interleave_row_plain(row, row + Sin, b, out, 0, IW);
+              continue;
+            }
+            for (int64_t iw = 0; iw < IW; ++iw)
+              for (int64_t kw = 0; kw < KW; ++kw) out[iw * KW + kw] = b + row[kw * Sin + iw];
+          }
+        }
+    }
+  });
+}
+
 struct TransposeGeometry {
   std::vector<int64_t> in, kernel, strides, dilations, pads, out, output_padding;
 };
@@ -916,16 +995,19 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
   const T* bp = b ? b->data<T>() : nullptr;
   T* yp = y.data<T>();
   if (N == 0 || M == 0 || S == 0) return;
-  prefill_bias(pool, yp, N * M, S, M, bp);
+  // Where every output is written once from the columns (kernel_is_stride) they carry the bias
+  // themselves; with no input channels there are no columns, so Y is the bias.
+  bool pointwise = true;
+  for (int d = 0; d < 3; ++d)
+    if (g.k[d] != 1 || g.s[d] != 1 || g.pb[d] != 0 || g.out[d] != g.in[d]) pointwise = false;
+  const bool kernel_stride = !pointwise && kernel_is_stride(g) && Sin > 0 && Cg > 0;
+  if (!kernel_stride) prefill_bias(pool, yp, N * M, S, M, bp);
   if (Sin == 0 || Cg == 0) return;
   const int64_t tasks = N * G;
   // One (image, group) per task where they fill every thread evenly, or nearly (U-Net's upsampling
   // at batch 8: two parallel loops per image were 0.12 ms on two threads, no faster than on one);
   // otherwise each GEMM and col2im is split over the pool.
   const bool spread = blas_runs_single_threaded(MgK, Sin, Cg) || tasks % pool.size() == 0 || tasks >= 4 * pool.size();
-  bool pointwise = true;
-  for (int d = 0; d < 3; ++d)
-    if (g.k[d] != 1 || g.s[d] != 1 || g.pb[d] != 0 || g.out[d] != g.in[d]) pointwise = false;
   if (pointwise) {
     const T beta = bp ? T(1) : T(0);
     run_tasks(pool, tasks, spread, [&](int64_t t) {
@@ -939,7 +1021,10 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     const int64_t n = t / G, gi = t % G;
     blas_gemm_split(pool, true, false, MgK, Sin, Cg, T(1), wp + gi * Cg * MgK, MgK, xp + (n * C + gi * Cg) * Sin, Sin,
                     T(0), col, Sin);
-    col2im(pool, col, Mg, g, yp + (n * M + gi * Mg) * S);
+    if (kernel_stride)
+      col2im_kernel_is_stride(pool, col, Mg, g, bp ? bp + gi * Mg : nullptr, yp + (n * M + gi * Mg) * S);
+    else
+      col2im(pool, col, Mg, g, yp + (n * M + gi * Mg) * S);
   };
   const size_t col_elems = static_cast<size_t>(MgK * Sin);
   // One column buffer per thread, kept between calls where it is small (the whole column matrix of
