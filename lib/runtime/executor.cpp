@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "runtime/batch_rows.h"
+#include "runtime/concat_in_place.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/graph_runner.h"
@@ -69,6 +70,9 @@ struct Executor::Impl : SubgraphRunner {
   // part, made then.
   int rows_split = -1;
   std::vector<std::unique_ptr<Executor>> row_executors;
+
+  // The top-level graph's Concats that its producers may write in place (runtime/concat_in_place.h).
+  InPlaceConcats concats;
   static constexpr size_t kMaxSplitWeightBytes = size_t{128} << 20;  // over all the parts' copies
 
   // Runtime scope chain for subgraphs.
@@ -81,7 +85,17 @@ struct Executor::Impl : SubgraphRunner {
 
   Impl(const ir::Model& m, const ExecOptions& o)
       : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
-    plan_graph(*model.graph);
+    const GraphPlan& top = plan_graph(*model.graph);
+    if (options.concat_in_place && options.backend == BackendKind::CPU && concat_in_place_enabled()) {
+      std::vector<const ir::Node*> nodes;
+      std::vector<std::vector<int>> ins, outs;
+      for (const Step& step : top.steps) {
+        nodes.push_back(step.node);
+        ins.push_back(step.inputs);
+        outs.push_back(step.outputs);
+      }
+      concats.plan(nodes, ins, outs, top.slot_values.size(), top.output_slots);
+    }
   }
 
   // Runs the batch in parts, part k on pool thread k by its own single-thread executor, and joins
@@ -267,6 +281,9 @@ struct Executor::Impl : SubgraphRunner {
     // The contexts' input and output lists, kept across steps so that a step allocates neither.
     std::vector<const Tensor*> ins_store;
     std::vector<Tensor> outs_store;
+    const bool in_place = plan.graph == model.graph.get() && !concats.empty();
+    std::vector<Tensor> preferred;
+    if (in_place) concats.begin_run();
     for (const Step& step : plan.steps) {
       KernelContext ctx(*step.node, step.opset, pool, this);
       auto& ins = ctx.mutable_inputs();
@@ -293,13 +310,19 @@ struct Executor::Impl : SubgraphRunner {
       }
       const bool timed = profiling && plan.graph == model.graph.get();
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
+      const int concat = in_place ? concats.concat_at(static_cast<int>(step_index)) : -1;
+      if (in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
+        ctx.set_preferred_outputs(&preferred);
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
-        if (!step.def->native_low_precision && any_low_precision(ins)) {
+        if (concat >= 0 && concats.try_join(concat, ins, ctx.mutable_outputs()[0])) {
+          // Every input already sits in its slice of the output.
+        } else if (!step.def->native_low_precision && any_low_precision(ins)) {
           run_in_float32(*step.kernel, ctx);
         } else {
           step.kernel->compute(ctx);
         }
+        if (concat >= 0) concats.remember(concat, *step.node, ins, ctx.mutable_outputs()[0]);
         if (timed) {
           if (step_times.size() != plan.steps.size()) step_times.assign(plan.steps.size(), {0, 0.0});
           auto& [calls, seconds] = step_times[step_index];

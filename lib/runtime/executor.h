@@ -35,6 +35,9 @@ struct ExecOptions {
   // per thread, each on a single-thread executor (runtime/batch_rows.h). Off: every batch runs
   // whole, its convolutions still split by images (tests of that split turn this off).
   bool split_rows = true;
+  // CPU: producers of a Concat's inputs write into slices of its output where the slices are
+  // contiguous (runtime/concat_in_place.h). Off (or MPQ_CONCAT_IN_PLACE=0): every Concat copies.
+  bool concat_in_place = true;
 };
 
 // Where a run's time went, per op type ("domain::Op" outside the default domain), summed over every

@@ -32,6 +32,13 @@ Tensor& KernelContext::alloc_output(size_t i, DType dtype, Shape shape) {
   if (i >= outputs_.size()) fail("output {} does not exist (node has {} outputs)", i, outputs_.size());
   for (int64_t d : shape)
     if (d < 0) fail("computed a negative output dimension in {}", shape_str(shape));
+  if (preferred_ && i < preferred_->size()) {
+    const Tensor& view = (*preferred_)[i];
+    if (view.defined() && view.dtype() == dtype && view.shape() == shape) {
+      outputs_[i] = view;
+      return outputs_[i];
+    }
+  }
   outputs_[i] = Tensor(dtype, std::move(shape));
   return outputs_[i];
 }

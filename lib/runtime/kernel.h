@@ -50,7 +50,8 @@ class KernelContext {
   size_t num_outputs() const { return outputs_.size(); }
   // Whether the model uses output i (omitted optional outputs need not be computed).
   bool output_wanted(size_t i) const { return i < outputs_.size() && node_.output(i) != nullptr; }
-  // Allocate output i (uninitialized host memory).
+  // Allocate output i (uninitialized host memory). Where the executor prefers a buffer for it of
+  // this dtype and shape (a slice of a Concat's output: runtime/concat_in_place.h), that view.
   Tensor& alloc_output(size_t i, DType dtype, Shape shape);
   // Hand over a ready tensor (for example a reshaped view of an input). Inputs are never written,
   // except one that input_reusable says may become an output's buffer.
@@ -76,6 +77,7 @@ class KernelContext {
   std::vector<const Tensor*>& mutable_inputs() { return inputs_; }
   std::vector<Tensor>& mutable_outputs() { return outputs_; }
   void set_reusable(const std::vector<uint8_t>* per_input) { reusable_ = per_input; }
+  void set_preferred_outputs(const std::vector<Tensor>* per_output) { preferred_ = per_output; }
 
  private:
   const ir::Node& node_;
@@ -85,6 +87,7 @@ class KernelContext {
   std::vector<const Tensor*> inputs_;
   std::vector<Tensor> outputs_;
   const std::vector<uint8_t>* reusable_ = nullptr;  // per input: the plan allows reuse (input_reusable)
+  const std::vector<Tensor>* preferred_ = nullptr;   // per output: a view alloc_output hands out
 };
 
 class OpKernel {

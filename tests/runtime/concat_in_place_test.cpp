@@ -1,0 +1,190 @@
+// Concat written in place by its producers (runtime/concat_in_place.h): repeated runs join without
+// copying where the slices are contiguous and aligned, give the bits of the copying Concat in every
+// case, and fall back to the copy where a shape changes, a producer hands over another tensor, the
+// slices would be strided or unaligned, or the value is a graph output.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "ir/onnx_io.h"
+#include "passes/inference_fusion.h"
+#include "runtime/concat_in_place.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+
+namespace {
+
+ir::ValueType image(int64_t c, const char* h = "H") {
+  return ir::ValueType::tensor(DType::Float32, {ir::Dim::symbol("N"), ir::Dim::fixed(c), ir::Dim::symbol(h), ir::Dim::symbol("W")});
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// x[N, 4, H, W] -> Conv(8) = a -> Relu = r; a -> Conv(8) = b; Concat(r, b, axis) -> Conv(3) -> y
+// (axis 0: -> Relu -> y). After the Concat, an Add reads a and r and may write over r's slice in
+// place once nothing needs the Concat's output; its sum is a second output. `identity` puts an
+// Identity after r, a producer that hands over its input instead of allocating; `concat_is_output`
+// makes the Concat's output a graph output too.
+struct UnetLike {
+  ir::Model m;
+  explicit UnetLike(int64_t axis = 1, bool identity = false, bool concat_is_output = false) {
+    m.set_opset("", 17);
+    ir::Graph& g = *m.graph;
+    ir::Value* x = g.add_value("x", image(4));
+    g.add_input(x);
+    auto conv = [&](ir::Value* in, int64_t cin, int64_t cout, const char* name, uint32_t seed) {
+      ir::Value* out = g.add_value(name, image(cout));
+      ir::Node* n = g.add_node("Conv", {in, g.add_initializer(std::string(name) + "_w", test::random_tensor({cout, cin, 3, 3}, seed)),
+                                        g.add_initializer(std::string(name) + "_b", test::random_tensor({cout}, seed + 1))},
+                               {out}, std::string(name) + "_conv");
+      n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+      return out;
+    };
+    ir::Value* a = conv(x, 4, 8, "a", 1);
+    ir::Value* r = g.add_value("r", image(8));
+    g.add_node("Relu", {a}, {r}, "relu");
+    if (identity) {
+      ir::Value* id = g.add_value("id", image(8));
+      g.add_node("Identity", {r}, {id}, "identity");
+      r = id;
+    }
+    ir::Value* b = conv(a, 8, 8, "b", 3);
+    ir::Value* cat = g.add_value("cat");
+    g.add_node("Concat", {r, b}, {cat}, "concat")->set_attr(ir::Attribute::make_int("axis", axis));
+    ir::Value* y = nullptr;
+    if (axis == 1) {
+      y = conv(cat, 16, 3, "y", 5);
+    } else {
+      y = g.add_value("y");
+      g.add_node("Relu", {cat}, {y}, "relu_y");
+    }
+    g.add_output(y);
+    // a + r read after the Concat: Add may write into a's slice-free buffer, never into the Concat's.
+    ir::Value* sum = g.add_value("sum");
+    g.add_node("Add", {a, r}, {sum}, "add");
+    g.add_output(sum);
+    if (concat_is_output) g.add_output(cat);
+  }
+};
+
+std::vector<Tensor> run(const ir::Model& m, const Tensor& x, bool in_place, int runs, int threads = 1) {
+  rt::ExecOptions o;
+  o.threads = threads;
+  o.concat_in_place = in_place;
+  o.split_rows = false;
+  rt::Executor exec(m, o);
+  std::vector<Tensor> out;
+  for (int i = 0; i < runs; ++i) out = exec.run({{"x", x}});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Concat along channels of one image joins in place and gives the copy's bits", "[concat_in_place]") {
+  UnetLike u;
+  // 8 channels of 8 x 8 floats: slices of 2 KiB, aligned.
+  const Tensor x = test::random_tensor({1, 4, 8, 8}, 11);
+  const std::vector<Tensor> want = run(u.m, x, false, 1);
+  rt::ExecOptions o;
+  o.threads = 2;
+  rt::Executor exec(u.m, o);
+  for (int i = 0; i < 4; ++i) {
+    INFO("run " << i);
+    const int64_t before = rt::InPlaceConcats::joined_count();
+    const std::vector<Tensor> got = exec.run({{"x", x}});
+    // The first run arms the Concat with its shapes; every later one joins.
+    CHECK(rt::InPlaceConcats::joined_count() - before == (i == 0 ? 0 : 1));
+    REQUIRE(got.size() == want.size());
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+  SECTION("fused for inference as mpq run runs it") {
+    UnetLike fused_u;
+    ir::Model& fused = fused_u.m;
+    passes::fuse_for_inference(fused, rt::BackendKind::CPU);
+    rt::Executor e2(fused, o);
+    for (int i = 0; i < 3; ++i)
+      for (const Tensor& t : e2.run({{"x", x}})) CHECK(t.defined());
+    const int64_t before = rt::InPlaceConcats::joined_count();
+    const std::vector<Tensor> got = e2.run({{"x", x}});
+    CHECK(rt::InPlaceConcats::joined_count() - before == 1);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+}
+
+TEST_CASE("Concat in place falls back to the copy where it cannot join", "[concat_in_place]") {
+  SECTION("a new shape: the views no longer fit, the next run joins again") {
+    UnetLike u;
+    rt::ExecOptions o;
+    o.threads = 1;
+    rt::Executor exec(u.m, o);
+    const Tensor small = test::random_tensor({1, 4, 8, 8}, 21), large = test::random_tensor({1, 4, 16, 8}, 22);
+    exec.run({{"x", small}});
+    for (const Tensor* x : {&large, &small, &small, &large, &large}) {
+      const std::vector<Tensor> got = exec.run({{"x", *x}});
+      const std::vector<Tensor> want = run(u.m, *x, false, 1);
+      for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+    }
+  }
+  SECTION("a producer that hands over its input (Identity)") {
+    UnetLike u(1, true);
+    const Tensor x = test::random_tensor({1, 4, 8, 8}, 23);
+    const int64_t before = rt::InPlaceConcats::joined_count();
+    const std::vector<Tensor> got = run(u.m, x, true, 3);
+    CHECK(rt::InPlaceConcats::joined_count() == before);
+    const std::vector<Tensor> want = run(u.m, x, false, 1);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+  SECTION("a batch of two along channels: strided slices") {
+    UnetLike u;
+    const Tensor x = test::random_tensor({2, 4, 8, 8}, 24);
+    const int64_t before = rt::InPlaceConcats::joined_count();
+    const std::vector<Tensor> got = run(u.m, x, true, 3, 2);
+    CHECK(rt::InPlaceConcats::joined_count() == before);
+    const std::vector<Tensor> want = run(u.m, x, false, 1);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+  SECTION("slices off a cache line: 8 channels of 3 x 5 floats") {
+    UnetLike u;
+    const Tensor x = test::random_tensor({1, 4, 3, 5}, 25);
+    const int64_t before = rt::InPlaceConcats::joined_count();
+    const std::vector<Tensor> got = run(u.m, x, true, 3);
+    CHECK(rt::InPlaceConcats::joined_count() == before);
+    const std::vector<Tensor> want = run(u.m, x, false, 1);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+  SECTION("the Concat's output and its inputs are graph outputs") {
+    UnetLike u(1, false, true);
+    const Tensor x = test::random_tensor({1, 4, 8, 8}, 26);
+    const std::vector<Tensor> got = run(u.m, x, true, 3);
+    const std::vector<Tensor> want = run(u.m, x, false, 1);
+    REQUIRE(got.size() == 3);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  }
+}
+
+TEST_CASE("Concat along the batch axis joins in place for any batch", "[concat_in_place]") {
+  UnetLike u(0);
+  const Tensor x = test::random_tensor({3, 4, 8, 8}, 31);
+  const int64_t before = rt::InPlaceConcats::joined_count();
+  const std::vector<Tensor> got = run(u.m, x, true, 3, 2);
+  CHECK(rt::InPlaceConcats::joined_count() - before == 2);
+  const std::vector<Tensor> want = run(u.m, x, false, 1);
+  for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+}
+
+TEST_CASE("Results kept from an earlier run are not overwritten by the next", "[concat_in_place]") {
+  UnetLike u;
+  rt::ExecOptions o;
+  o.threads = 1;
+  rt::Executor exec(u.m, o);
+  const Tensor x1 = test::random_tensor({1, 4, 8, 8}, 41), x2 = test::random_tensor({1, 4, 8, 8}, 42);
+  exec.run({{"x", x1}});
+  const std::vector<Tensor> first = exec.run({{"x", x1}});
+  const std::vector<Tensor> copy{first[0].clone(), first[1].clone()};
+  exec.run({{"x", x2}});
+  for (size_t k = 0; k < first.size(); ++k) CHECK(same_bits(first[k], copy[k]));
+}
