@@ -877,9 +877,10 @@ __attribute__((target("avx2"))) void interleave_row_avx2(const float* c0, const 
 }
 #endif
 
-// col: [Mg * K, Sin] as the GEMM wrote it; y: the group's [Mg, S] output.
+// Output channels [m0, m1) of one image and group: col is [Mg * K, Sin] as the GEMM wrote it
+// (channel m's rows from m * K), y the group's [Mg, S] output.
 template <typename T>
-void col2im_kernel_is_stride(ThreadPool& pool, const T* col, int64_t channels, const Window3& g, const T* bias, T* y) {
+void interleave_channels(const T* col, int64_t m0, int64_t m1, const Window3& g, const T* bias, T* y) {
   const int64_t K = g.k_size(), Sin = g.in_size(), S = g.out_size();
   const int64_t IH = g.in[1], IW = g.in[2], OH = g.out[1], OW = g.out[2], KH = g.k[1], KW = g.k[2];
   bool avx2 = false;
@@ -889,11 +890,9 @@ void col2im_kernel_is_stride(ThreadPool& pool, const T* col, int64_t channels, c
     avx2 = has_avx2;
   }
 #endif
-  pool.parallel_for(channels * g.in[0], std::max<int64_t>(1, 16384 / std::max<int64_t>(K * Sin, 1)),
-                    [&](int64_t lo, int64_t hi) {
-    for (int64_t item = lo; item < hi; ++item) {
-      const int64_t m = item / g.in[0], id = item % g.in[0];
-      const T b = bias ? bias[m] : T(0);
+  for (int64_t m = m0; m < m1; ++m) {
+    const T b = bias ? bias[m] : T(0);
+    for (int64_t id = 0; id < g.in[0]; ++id)
       for (int64_t kd = 0; kd < g.k[0]; ++kd)
         for (int64_t kh = 0; kh < KH; ++kh) {
           const T* src = col + (m * K + (kd * KH + kh) * KW) * Sin + id * IH * IW;
@@ -916,8 +915,13 @@ void col2im_kernel_is_stride(ThreadPool& pool, const T* col, int64_t channels, c
               for (int64_t kw = 0; kw < KW; ++kw) out[iw * KW + kw] = b + row[kw * Sin + iw];
           }
         }
-    }
-  });
+  }
+}
+
+template <typename T>
+void col2im_kernel_is_stride(ThreadPool& pool, const T* col, int64_t channels, const Window3& g, const T* bias, T* y) {
+  pool.parallel_for(channels, std::max<int64_t>(1, 16384 / std::max<int64_t>(g.k_size() * g.in_size(), 1)),
+                    [&](int64_t lo, int64_t hi) { interleave_channels(col, lo, hi, g, bias, y); });
 }
 
 struct TransposeGeometry {
@@ -1014,6 +1018,29 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
       const int64_t n = t / G, gi = t % G;
       blas_gemm_split(pool, true, false, Mg, S, Cg, T(1), wp + gi * Cg * Mg, Mg, xp + (n * C + gi * Cg) * Sin, Sin,
                       beta, yp + (n * M + gi * Mg) * S, S);
+    });
+    return;
+  }
+  // One (image, group) with kernel equal to stride on several threads (U-Net's upsampling at
+  // batch 1): each thread takes whole output channels, their GEMM rows and their interleave, in
+  // one parallel region, so it reads back the columns it wrote. Splitting the GEMM and then the
+  // interleave separately took two regions, and each thread read the other's columns: no faster
+  // on two threads than on one (15-19 us). Not under DeterministicBlas, whose GEMMs must not
+  // depend on the thread count.
+  if (kernel_stride && tasks == 1 && pool.size() > 1 && !ThreadPool::inside_parallel_loop() && !deterministic_blas() &&
+      Mg >= pool.size() && !blas_runs_single_threaded(MgK, Sin, Cg)) {
+    const int parts = pool.size();
+    const size_t col_elems = static_cast<size_t>(MgK * Sin);
+    thread_local std::vector<T> whole;
+    std::vector<T> once;
+    std::vector<T>& col = col_elems * sizeof(T) <= kKeptColumnBytes ? whole : once;
+    if (col.size() < col_elems) col.resize(col_elems);
+    pool.run_per_thread(parts, [&](int part) {
+      const int64_t m0 = Mg * part / parts, m1 = Mg * (part + 1) / parts;
+      if (m1 <= m0) return;
+      blas_gemm(true, false, (m1 - m0) * K, Sin, Cg, T(1), wp + m0 * K, MgK, xp, Sin, T(0), col.data() + m0 * K * Sin,
+                Sin);
+      interleave_channels(col.data(), m0, m1, g, bp, yp);
     });
     return;
   }
