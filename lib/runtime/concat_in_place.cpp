@@ -30,6 +30,7 @@ void InPlaceConcats::plan(const std::vector<const ir::Node*>& nodes, const std::
                           const std::vector<int>& graph_outputs) {
   concats_.clear();
   concat_of_step_.assign(nodes.size(), -1);
+  produces_slice_.assign(nodes.size(), 0);
   slice_of_slot_.assign(slots, {-1, -1});
   std::vector<int> producer(slots, -1);
   for (size_t i = 0; i < nodes.size(); ++i)
@@ -54,7 +55,10 @@ void InPlaceConcats::plan(const std::vector<const ir::Node*>& nodes, const std::
     cc.input_slots = ins;
     concats_.push_back(std::move(cc));
     concat_of_step_[i] = c;
-    for (size_t k = 0; k < ins.size(); ++k) slice_of_slot_[static_cast<size_t>(ins[k])] = {c, static_cast<int>(k)};
+    for (size_t k = 0; k < ins.size(); ++k) {
+      slice_of_slot_[static_cast<size_t>(ins[k])] = {c, static_cast<int>(k)};
+      produces_slice_[static_cast<size_t>(producer[static_cast<size_t>(ins[k])])] = 1;
+    }
   }
 }
 
@@ -63,7 +67,8 @@ void InPlaceConcats::begin_run() {
 }
 
 bool InPlaceConcats::prefer_outputs(int step, const std::vector<int>& out_slots, std::vector<Tensor>& preferred) {
-  (void)step;
+  // Most steps produce no slice: one lookup, nothing allocated (a transformer's 100 small steps).
+  if (!produces_slice_[static_cast<size_t>(step)]) return false;
   bool any = false;
   preferred.assign(out_slots.size(), Tensor());
   for (size_t i = 0; i < out_slots.size(); ++i) {

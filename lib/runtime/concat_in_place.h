@@ -65,6 +65,7 @@ class InPlaceConcats {
   };
   std::vector<Concat> concats_;
   std::vector<int> concat_of_step_;
+  std::vector<char> produces_slice_;  // per step: one of its outputs is some Concat's input
   std::vector<std::pair<int, int>> slice_of_slot_;  // (concat, input) per slot, (-1, -1) for none
 };
 
