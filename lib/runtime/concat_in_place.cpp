@@ -95,12 +95,24 @@ bool InPlaceConcats::try_join(int c, const std::vector<const Tensor*>& ins, Tens
   if (!cc.armed || !buffer.defined() || ins.size() != cc.in_shapes.size()) return false;
   const char* base = static_cast<const char*>(buffer.raw_data());
   const std::shared_ptr<void>& owner = buffer.buffer();
+  bool shapes_as_armed = true, in_place = true;
   for (size_t k = 0; k < ins.size(); ++k) {
     const Tensor* t = ins[k];
+    if (!t || t->dtype() != cc.dtype || t->shape() != cc.in_shapes[k]) {
+      shapes_as_armed = false;
+      continue;
+    }
     // A view of this buffer (the same owner; Tensor::same_buffer compares addresses) at its slice.
-    if (!t || t->dtype() != cc.dtype || t->shape() != cc.in_shapes[k] || owner.owner_before(t->buffer()) ||
-        t->buffer().owner_before(owner) || static_cast<const char*>(t->raw_data()) != base + cc.offsets[k])
-      return false;
+    in_place = in_place && !owner.owner_before(t->buffer()) && !t->buffer().owner_before(owner) &&
+               static_cast<const char*>(t->raw_data()) == base + cc.offsets[k];
+  }
+  if (!shapes_as_armed) return false;  // the next run is armed with the new shapes
+  if (!in_place) {
+    // Same shapes, yet a producer handed over a tensor of its own (Identity, Reshape, a kernel
+    // that computes in place, a Concat feeding this one): it will do so again, and the buffer
+    // made for the slices would be one more output-sized allocation per run for nothing.
+    cc.never = true;
+    return false;
   }
   out = std::move(buffer);
   g_joined.fetch_add(1, std::memory_order_relaxed);
@@ -110,7 +122,7 @@ bool InPlaceConcats::try_join(int c, const std::vector<const Tensor*>& ins, Tens
 void InPlaceConcats::remember(int c, const ir::Node& node, const std::vector<const Tensor*>& ins, const Tensor& out) {
   Concat& cc = concats_[static_cast<size_t>(c)];
   cc.armed = false;
-  if (!out.defined() || !out.is_host() || out.dtype() == DType::String || out.rank() == 0) return;
+  if (cc.never || !out.defined() || !out.is_host() || out.dtype() == DType::String || out.rank() == 0) return;
   int64_t axis = node.attr_int("axis", 1);
   if (axis < 0) axis += out.rank();
   if (axis < 0 || axis >= out.rank()) return;

@@ -311,10 +311,10 @@ struct Executor::Impl : SubgraphRunner {
       const bool timed = profiling && plan.graph == model.graph.get();
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
       const int concat = in_place ? concats.concat_at(static_cast<int>(step_index)) : -1;
-      if (in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
-        ctx.set_preferred_outputs(&preferred);
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
+        if (in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
+          ctx.set_preferred_outputs(&preferred);
         if (concat >= 0 && concats.try_join(concat, ins, ctx.mutable_outputs()[0])) {
           // Every input already sits in its slice of the output.
         } else if (!step.def->native_low_precision && any_low_precision(ins)) {
@@ -323,6 +323,8 @@ struct Executor::Impl : SubgraphRunner {
           step.kernel->compute(ctx);
         }
         if (concat >= 0) concats.remember(concat, *step.node, ins, ctx.mutable_outputs()[0]);
+        // An unused view would keep the Concat's buffer owned twice (no in-place Z into it).
+        preferred.clear();
         if (timed) {
           if (step_times.size() != plan.steps.size()) step_times.assign(plan.steps.size(), {0, 0.0});
           auto& [calls, seconds] = step_times[step_index];

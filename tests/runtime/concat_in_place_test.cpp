@@ -25,10 +25,9 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // x[N, 4, H, W] -> Conv(8) = a -> Relu = r; a -> Conv(8) = b; Concat(r, b, axis) -> Conv(3) -> y
-// (axis 0: -> Relu -> y). After the Concat, an Add reads a and r and may write over r's slice in
-// place once nothing needs the Concat's output; its sum is a second output. `identity` puts an
-// Identity after r, a producer that hands over its input instead of allocating; `concat_is_output`
-// makes the Concat's output a graph output too.
+// (axis 0: -> Relu -> y). After the Concat, an Add reads a and r (a slice); its sum is a second
+// output. `identity` puts an Identity after r, a producer that hands over its input instead of
+// allocating; `concat_is_output` makes the Concat's output a graph output too.
 struct UnetLike {
   ir::Model m;
   explicit UnetLike(int64_t axis = 1, bool identity = false, bool concat_is_output = false) {
@@ -187,4 +186,74 @@ TEST_CASE("Results kept from an earlier run are not overwritten by the next", "[
   const std::vector<Tensor> copy{first[0].clone(), first[1].clone()};
   exec.run({{"x", x2}});
   for (size_t k = 0; k < first.size(); ++k) CHECK(same_bits(first[k], copy[k]));
+}
+
+TEST_CASE("Nested Concats, slices that are graph outputs, and a Concat taken in place as Z", "[concat_in_place]") {
+  auto build = [](const char* kind) {
+    ir::Model m;
+    m.set_opset("", 17);
+    ir::Graph& g = *m.graph;
+    ir::Value* x = g.add_value("x", image(4));
+    g.add_input(x);
+    uint32_t seed = 60;
+    auto conv = [&](ir::Value* in, int64_t cin, int64_t cout, const std::string& name) {
+      ir::Value* out = g.add_value(name, image(cout));
+      g.add_node("Conv", {in, g.add_initializer(name + "_w", test::random_tensor({cout, cin, 3, 3}, seed)),
+                          g.add_initializer(name + "_b", test::random_tensor({cout}, seed + 1))},
+                 {out}, name + "_conv")
+          ->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+      seed += 2;
+      return out;
+    };
+    ir::Value* a = conv(x, 4, 8, "a");
+    ir::Value* b = conv(x, 4, 8, "b");
+    ir::Value* cat = g.add_value("cat");
+    g.add_node("Concat", {a, b}, {cat}, "concat")->set_attr(ir::Attribute::make_int("axis", 1));
+    const std::string k = kind;
+    if (k == "nested") {
+      // cat -> Concat(cat, d): the inner one joins; the outer one sees the inner's own buffer.
+      ir::Value* d = conv(x, 4, 16, "d");
+      ir::Value* outer = g.add_value("outer");
+      g.add_node("Concat", {cat, d}, {outer}, "outer_concat")->set_attr(ir::Attribute::make_int("axis", 1));
+      ir::Value* y = g.add_value("y");
+      g.add_node("Relu", {outer}, {y}, "relu");
+      g.add_output(y);
+    } else if (k == "output") {
+      // a is a graph output: never a slice (the caller gets it whole).
+      g.add_output(a);
+      ir::Value* y = g.add_value("y");
+      g.add_node("Relu", {cat}, {y}, "relu");
+      g.add_output(y);
+    } else {
+      // y = Conv(x) + cat: fused into one convolution whose Z is the Concat's output, which dies
+      // there, so the sum may be written over it in place.
+      ir::Value* c = conv(x, 4, 16, "c");
+      ir::Value* y = g.add_value("y");
+      g.add_node("Add", {c, cat}, {y}, "add");
+      g.add_output(y);
+    }
+    return m;
+  };
+  for (const char* kind : {"nested", "output", "z"}) {
+    INFO(kind);
+    ir::Model m = build(kind);
+    passes::fuse_for_inference(m, rt::BackendKind::CPU);
+    const Tensor x = test::random_tensor({1, 4, 8, 8}, 71);
+    const std::vector<Tensor> want = run(m, x, false, 1);
+    rt::ExecOptions o;
+    o.threads = 2;
+    rt::Executor exec(m, o);
+    std::vector<int64_t> joins;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t before = rt::InPlaceConcats::joined_count();
+      const std::vector<Tensor> got = exec.run({{"x", x}});
+      joins.push_back(rt::InPlaceConcats::joined_count() - before);
+      REQUIRE(got.size() == want.size());
+      for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+    }
+    const std::string k = kind;
+    // nested: the inner Concat joins from the second run on, the outer never; output: a is no
+    // slice, so the Concat never joins; z: joins from the second run on.
+    CHECK(joins == std::vector<int64_t>(k == "output" ? std::vector<int64_t>{0, 0, 0, 0} : std::vector<int64_t>{0, 1, 1, 1}));
+  }
 }
