@@ -33,6 +33,7 @@ struct RunOpts {
   bool json = false;
   bool no_fusion = false;
   bool profile = false;
+  bool profile_nodes = false;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -57,27 +58,34 @@ nlohmann::json profile_json(const std::vector<rt::OpTime>& ops, const std::vecto
                     {"calls_per_run", static_cast<double>(t.calls) / runs},
                     {"ms_per_run", t.seconds * 1e3 / runs},
                     {"share", total_ms > 0 ? t.seconds * 1e3 / total_ms : 0.0}});
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].node.empty()) rows[i]["node"] = ops[i].node;
   return rows;
 }
 
 void print_profile(const std::vector<rt::OpTime>& ops, const std::vector<double>& latencies_ms) {
   const nlohmann::json rows = profile_json(ops, latencies_ms);
-  std::cout << fmt::format("  time per op type (mean over the timed runs):\n    {:<24} {:>9} {:>11} {:>7}\n", "op",
-                           "calls/run", "ms/run", "share");
+  const bool by_node = !ops.empty() && !ops[0].node.empty();
+  std::cout << fmt::format("  time per {} (mean over the timed runs):\n    {:<24} {:>9} {:>11} {:>7}{}\n",
+                           by_node ? "node" : "op type", "op", "calls/run", "ms/run", "share", by_node ? "  node" : "");
   double shown = 0;
   for (const auto& r : rows) {
     shown += r["share"].get<double>();
-    std::cout << fmt::format("    {:<24} {:>9.1f} {:>11.4f} {:>6.1f}%\n", r["op"].get<std::string>(),
+    std::cout << fmt::format("    {:<24} {:>9.1f} {:>11.4f} {:>6.1f}%{}\n", r["op"].get<std::string>(),
                              r["calls_per_run"].get<double>(), r["ms_per_run"].get<double>(),
-                             100.0 * r["share"].get<double>());
+                             100.0 * r["share"].get<double>(),
+                             r.contains("node") ? "  " + r["node"].get<std::string>() : std::string());
   }
   std::cout << fmt::format("    {:<24} {:>9} {:>11} {:>6.1f}%\n", "(between nodes)", "", "", 100.0 * (1.0 - shown));
 }
 
 int run_command(const RunOpts& o) {
   rt::BackendKind backend = rt::resolve_device(o.device);
-  if (o.profile && o.repeat <= 0) fail_input("--profile times the --repeat runs: give --repeat R");
-  if (o.profile && backend != rt::BackendKind::CPU) fail_input("--profile times CPU runs only (--device cpu)");
+  if (o.profile && o.profile_nodes) fail_input("--profile and --profile-nodes: give one of them");
+  const bool profiling = o.profile || o.profile_nodes;
+  const char* flag = o.profile_nodes ? "--profile-nodes" : "--profile";
+  if (profiling && o.repeat <= 0) fail_input("{} times the --repeat runs: give --repeat R", flag);
+  if (profiling && backend != rt::BackendKind::CPU) fail_input("{} times CPU runs only (--device cpu)", flag);
   if (o.tf32 && backend != rt::BackendKind::CUDA) fail_input("--tf32 applies to the CUDA path only (--device cuda or auto with a GPU)");
   ir::Model model = ir::load_model(o.model);
   ir::verify_or_throw(model);
@@ -106,7 +114,7 @@ int run_command(const RunOpts& o) {
     data::Feed feed = feeds.get(i);
     std::vector<Tensor> outs = exec.run(feed.tensors);
     if (o.repeat > 0) {
-      exec.set_profiling(o.profile);  // timed runs only: the warm-up creates oneDNN's primitives
+      exec.set_profiling(profiling);  // timed runs only: the warm-up creates oneDNN's primitives
       for (int r = 0; r < o.repeat; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         outs = exec.run(feed.tensors);
@@ -149,7 +157,7 @@ int run_command(const RunOpts& o) {
                          {"min", *std::min_element(latencies_ms.begin(), latencies_ms.end())},
                          {"max", *std::max_element(latencies_ms.begin(), latencies_ms.end())}};
       j["timed_runs"] = latencies_ms.size();
-      if (o.profile) j["profile"] = profile_json(exec.profile(), latencies_ms);
+      if (profiling) j["profile"] = profile_json(exec.profile(o.profile_nodes), latencies_ms);
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -167,7 +175,7 @@ int run_command(const RunOpts& o) {
                              percentile(latencies_ms, 99), sum / static_cast<double>(latencies_ms.size()),
                              *std::min_element(latencies_ms.begin(), latencies_ms.end()));
   }
-  if (o.profile && o.repeat > 0) print_profile(exec.profile(), latencies_ms);
+  if (profiling && o.repeat > 0) print_profile(exec.profile(o.profile_nodes), latencies_ms);
   if (!o.outputs.empty()) std::cout << fmt::format("  wrote outputs to {}/<feed id>/<output>.npy\n", o.outputs);
   return 0;
 }
@@ -193,6 +201,8 @@ void setup_run(CLI::App& sub, Action& action) {
                "same values)");
   sub.add_flag("--profile", o->profile,
                "with --repeat: time every node and print milliseconds per run by op type (JSON: \"profile\")");
+  sub.add_flag("--profile-nodes", o->profile_nodes,
+               "with --repeat: as --profile, one row per node (its name; JSON: \"profile\" rows with \"node\")");
   sub.add_flag("--json", o->json, "print one JSON object to stdout (latency_ms.median/p90 with --repeat)");
   sub.footer("Example: mpq run model.onnx --data calib_data/eval --outputs out/ --repeat 20 --json");
   sub.callback([&action, o] { action = [o] { return run_command(*o); }; });

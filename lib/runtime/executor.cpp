@@ -437,20 +437,24 @@ Executor::~Executor() = default;
 
 ThreadPool& Executor::pool() { return impl_->pool; }
 
-std::vector<OpTime> Executor::profile() const {
+std::vector<OpTime> Executor::profile(bool by_node) const {
   std::map<std::string, OpTime> by_op;
+  std::vector<OpTime> out;
   const GraphPlan& plan = impl_->plan_graph(*model_.graph);
   for (size_t i = 0; i < impl_->step_times.size() && i < plan.steps.size(); ++i) {
     const auto& [calls, seconds] = impl_->step_times[i];
     if (calls == 0) continue;
     const ir::Node& n = *plan.steps[i].node;
     const std::string op = n.domain.empty() ? n.op_type : n.domain + "::" + n.op_type;
+    if (by_node) {
+      out.push_back(OpTime{op, n.name.empty() ? fmt::format("#{}", i) : n.name, calls, seconds});
+      continue;
+    }
     OpTime& t = by_op[op];
     t.op = op;
     t.calls += calls;
     t.seconds += seconds;
   }
-  std::vector<OpTime> out;
   for (const auto& [op, t] : by_op) out.push_back(t);
   std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
   return out;

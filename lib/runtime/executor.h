@@ -40,10 +40,11 @@ struct ExecOptions {
   bool concat_in_place = true;
 };
 
-// Where a run's time went, per op type ("domain::Op" outside the default domain), summed over every
-// run since the executor was made or the profile was cleared.
+// Where a run's time went, per op type ("domain::Op" outside the default domain) or per node (then
+// `node` is its name), summed over every run since the executor was made or the profile was cleared.
 struct OpTime {
   std::string op;
+  std::string node;
   int64_t calls = 0;
   double seconds = 0.0;
 };
@@ -77,9 +78,10 @@ class Executor {
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
   // While on (`mpq run --profile`, CPU), every node of the top-level graph is timed; off (the
-  // default), the executor reads no clock per node. profile(): time per op type, slowest first.
+  // default), the executor reads no clock per node. profile(): time per op type, or per node with
+  // by_node (`--profile-nodes`), slowest first.
   void set_profiling(bool on);
-  std::vector<OpTime> profile() const;
+  std::vector<OpTime> profile(bool by_node = false) const;
   void clear_profile();
 
   const ir::Model& model() const { return model_; }

@@ -1,6 +1,6 @@
-// `mpq run`: --profile's per-op-type table (JSON and text), its usage errors, and the inference
-// graph `mpq run` builds (folded BatchNorm, fused activations, channel-blocked convolutions) giving
-// the outputs of the graph as written (--no-fusion).
+// `mpq run`: --profile's per-op-type table and --profile-nodes' per-node one (JSON and text), their
+// usage errors, and the inference graph `mpq run` builds (folded BatchNorm, fused activations,
+// channel-blocked convolutions) giving the outputs of the graph as written (--no-fusion).
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -53,6 +53,40 @@ TEST_CASE("mpq run --profile without --repeat is a usage error", "[cli][run][pro
                                 "--profile"});
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("--profile") && Catch::Contains("--repeat"));
+}
+
+TEST_CASE("mpq run --profile-nodes reports time per node", "[cli][run][profile]") {
+  const auto r = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data", data_path("resnet_bn_op17").string(),
+                                "--max-samples", "1", "--repeat", "3", "--threads", "1", "--profile-nodes", "--json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j.contains("profile"));
+  int convs = 0;
+  double share = 0, previous = 1e30;
+  for (const auto& row : j["profile"]) {
+    REQUIRE(row.contains("node"));
+    CHECK(row["calls_per_run"].get<double>() == 1.0);  // one row per node
+    CHECK(row["ms_per_run"].get<double>() <= previous);  // slowest first
+    previous = row["ms_per_run"].get<double>();
+    share += row["share"].get<double>();
+    convs += row["op"] == "mpq::FusedConv";
+  }
+  CHECK(convs == 9);
+  CHECK(share <= 1.0 + 1e-9);
+  const auto text = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data",
+                                   data_path("resnet_bn_op17").string(), "--max-samples", "1", "--repeat", "2",
+                                   "--profile-nodes"});
+  REQUIRE(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::Contains("time per node") && Catch::Contains("mpq::FusedConv"));
+  const auto both = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data",
+                                   data_path("resnet_bn_op17").string(), "--repeat", "2", "--profile", "--profile-nodes"});
+  CHECK(both.exit_code == 2);
+  CHECK_THAT(both.err, Catch::Contains("--profile-nodes"));
+  const auto no_repeat = test::run_mpq({"run", model_path("resnet_bn_op17").string(), "--data",
+                                        data_path("resnet_bn_op17").string(), "--profile-nodes"});
+  CHECK(no_repeat.exit_code == 2);
+  CHECK_THAT(no_repeat.err, Catch::Contains("--profile-nodes") && Catch::Contains("--repeat"));
 }
 
 TEST_CASE("mpq run's inference graph gives the outputs of the graph as written", "[cli][run][blocked]") {
