@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 namespace mpq::rt {
 
@@ -45,14 +46,15 @@ void InPlaceConcats::plan(const std::vector<const ir::Node*>& nodes, const std::
     bool ok = true;
     for (size_t k = 0; k < ins.size() && ok; ++k) {
       const int s = ins[k];
-      ok = s >= 0 && producer[static_cast<size_t>(s)] >= 0 && producer[static_cast<size_t>(s)] < static_cast<int>(i) &&
-           !is_output[static_cast<size_t>(s)] && slice_of_slot_[static_cast<size_t>(s)].first < 0 &&
-           std::count(ins.begin(), ins.end(), s) == 1;
+      // Computed by a step (the plan is topological, so an earlier one), not a graph output, not
+      // already another Concat's slice, read once here.
+      ok = s >= 0 && producer[static_cast<size_t>(s)] >= 0 && !is_output[static_cast<size_t>(s)] &&
+           slice_of_slot_[static_cast<size_t>(s)].first < 0 && std::count(ins.begin(), ins.end(), s) == 1;
     }
     if (!ok) continue;
     const int c = static_cast<int>(concats_.size());
     Concat cc;
-    cc.input_slots = ins;
+    cc.axis = n.attr_int("axis", 1);
     concats_.push_back(std::move(cc));
     concat_of_step_[i] = c;
     for (size_t k = 0; k < ins.size(); ++k) {
@@ -90,8 +92,7 @@ bool InPlaceConcats::prefer_outputs(int step, const std::vector<int>& out_slots,
 
 bool InPlaceConcats::try_join(int c, const std::vector<const Tensor*>& ins, Tensor& out) {
   Concat& cc = concats_[static_cast<size_t>(c)];
-  Tensor buffer = std::move(cc.buffer);
-  cc.buffer = Tensor();
+  Tensor buffer = std::exchange(cc.buffer, Tensor());
   if (!cc.armed || !buffer.defined() || ins.size() != cc.in_shapes.size()) return false;
   const char* base = static_cast<const char*>(buffer.raw_data());
   const std::shared_ptr<void>& owner = buffer.buffer();
@@ -119,12 +120,11 @@ bool InPlaceConcats::try_join(int c, const std::vector<const Tensor*>& ins, Tens
   return true;
 }
 
-void InPlaceConcats::remember(int c, const ir::Node& node, const std::vector<const Tensor*>& ins, const Tensor& out) {
+void InPlaceConcats::remember(int c, const std::vector<const Tensor*>& ins, const Tensor& out) {
   Concat& cc = concats_[static_cast<size_t>(c)];
   cc.armed = false;
   if (cc.never || !out.defined() || !out.is_host() || out.dtype() == DType::String || out.rank() == 0) return;
-  int64_t axis = node.attr_int("axis", 1);
-  if (axis < 0) axis += out.rank();
+  const int64_t axis = cc.axis < 0 ? cc.axis + out.rank() : cc.axis;
   if (axis < 0 || axis >= out.rank()) return;
   for (int64_t d = 0; d < axis; ++d)
     if (out.dim(static_cast<int>(d)) != 1) return;  // slices would be strided

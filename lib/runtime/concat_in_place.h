@@ -50,14 +50,14 @@ class InPlaceConcats {
   // At Concat `c`: true, with `out` the whole buffer, when every input already sits in its slice.
   bool try_join(int c, const std::vector<const Tensor*>& ins, Tensor& out);
   // After Concat `c` ran or joined: arms it with this run's shapes (or disarms it).
-  void remember(int c, const ir::Node& node, const std::vector<const Tensor*>& ins, const Tensor& out);
+  void remember(int c, const std::vector<const Tensor*>& ins, const Tensor& out);
 
   // Concats joined without a copy so far in this process (tests).
   static int64_t joined_count();
 
  private:
   struct Concat {
-    std::vector<int> input_slots;
+    int64_t axis = 1;  // the node's attribute, as the kernel reads it (negative: from the end)
     bool armed = false;
     bool never = false;  // a join failed with the armed shapes: this Concat always copies
     DType dtype = DType::Undefined;

@@ -86,7 +86,9 @@ struct Executor::Impl : SubgraphRunner {
   Impl(const ir::Model& m, const ExecOptions& o)
       : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
     const GraphPlan& top = plan_graph(*model.graph);
-    if (options.concat_in_place && options.backend == BackendKind::CPU && concat_in_place_enabled()) {
+    // options.backend is always CPU here (a CUDA Executor gives its CPU fallbacks this Impl), and
+    // run_steps runs the top-level graph only where the whole model runs on the CPU.
+    if (options.concat_in_place && concat_in_place_enabled()) {
       std::vector<const ir::Node*> nodes;
       std::vector<std::vector<int>> ins, outs;
       for (const Step& step : top.steps) {
@@ -322,7 +324,7 @@ struct Executor::Impl : SubgraphRunner {
         } else {
           step.kernel->compute(ctx);
         }
-        if (concat >= 0) concats.remember(concat, *step.node, ins, ctx.mutable_outputs()[0]);
+        if (concat >= 0) concats.remember(concat, ins, ctx.mutable_outputs()[0]);
         // An unused view would keep the Concat's buffer owned twice (no in-place Z into it).
         preferred.clear();
         if (timed) {
