@@ -986,6 +986,17 @@ TransposeGeometry transpose_window(const KernelContext& ctx, const std::vector<i
 // ConvTranspose's column buffers up to this size stay allocated on their thread between calls.
 constexpr size_t kKeptColumnBytes = size_t{4} << 20;
 
+// A column buffer of `elems` values (the whole column matrix of an image, not tiled like the
+// convolution's): this thread's kept one where it is small, otherwise `once`, which the caller
+// holds for the call, so a large one is not held for the life of the thread.
+template <typename T>
+T* column_buffer(size_t elems, std::vector<T>& once) {
+  thread_local std::vector<T> kept;
+  std::vector<T>& col = elems * sizeof(T) <= kKeptColumnBytes ? kept : once;
+  if (col.size() < elems) col.resize(elems);
+  return col.data();
+}
+
 template <typename T>
 void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G,
                           const TransposeGeometry& tg, Tensor& y) {
@@ -1030,17 +1041,13 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
   if (kernel_stride && tasks == 1 && pool.size() > 1 && !ThreadPool::inside_parallel_loop() && !deterministic_blas() &&
       Mg >= pool.size() && !blas_runs_single_threaded(MgK, Sin, Cg)) {
     const int parts = pool.size();
-    const size_t col_elems = static_cast<size_t>(MgK * Sin);
-    thread_local std::vector<T> whole;
     std::vector<T> once;
-    std::vector<T>& col = col_elems * sizeof(T) <= kKeptColumnBytes ? whole : once;
-    if (col.size() < col_elems) col.resize(col_elems);
+    T* col = column_buffer(static_cast<size_t>(MgK * Sin), once);  // the calling thread's, shared by the parts
     pool.run_per_thread(parts, [&](int part) {
       const int64_t m0 = Mg * part / parts, m1 = Mg * (part + 1) / parts;
       if (m1 <= m0) return;
-      blas_gemm(true, false, (m1 - m0) * K, Sin, Cg, T(1), wp + m0 * K, MgK, xp, Sin, T(0), col.data() + m0 * K * Sin,
-                Sin);
-      interleave_channels(col.data(), m0, m1, g, bp, yp);
+      blas_gemm(true, false, (m1 - m0) * K, Sin, Cg, T(1), wp + m0 * K, MgK, xp, Sin, T(0), col + m0 * K * Sin, Sin);
+      interleave_channels(col, m0, m1, g, bp, yp);
     });
     return;
   }
@@ -1053,16 +1060,11 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     else
       col2im(pool, col, Mg, g, yp + (n * M + gi * Mg) * S);
   };
-  const size_t col_elems = static_cast<size_t>(MgK * Sin);
-  // One column buffer per thread, kept between calls where it is small (the whole column matrix of
-  // an image, not tiled like the convolution's): a larger one is allocated per call, not held for
-  // the life of the thread.
+  // One column buffer per running thread.
   auto run = [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<T> kept;
     std::vector<T> once;
-    std::vector<T>& col = col_elems * sizeof(T) <= kKeptColumnBytes ? kept : once;
-    if (col.size() < col_elems) col.resize(col_elems);
-    for (int64_t t = lo; t < hi; ++t) one_task(t, col.data());
+    T* col = column_buffer(static_cast<size_t>(MgK * Sin), once);
+    for (int64_t t = lo; t < hi; ++t) one_task(t, col);
   };
   if (spread && tasks > 1) pool.parallel_for(tasks, 1, run);
   else run(0, tasks);
