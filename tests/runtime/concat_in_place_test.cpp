@@ -24,6 +24,21 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
+void check_same_bits(const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+}
+
+// A 3x3 convolution (pads 1) of `in` with cout channels named `name`, weights from `seed`.
+ir::Value* add_conv(ir::Graph& g, ir::Value* in, int64_t cin, int64_t cout, const std::string& name, uint32_t seed) {
+  ir::Value* out = g.add_value(name, image(cout));
+  g.add_node("Conv", {in, g.add_initializer(name + "_w", test::random_tensor({cout, cin, 3, 3}, seed)),
+                      g.add_initializer(name + "_b", test::random_tensor({cout}, seed + 1))},
+             {out}, name + "_conv")
+      ->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
+  return out;
+}
+
 // x[N, 4, H, W] -> Conv(8) = a -> Relu = r; a -> Conv(8) = b; Concat(r, b, axis) -> Conv(3) -> y
 // (axis 0: -> Relu -> y). After the Concat, an Add reads a and r (a slice); its sum is a second
 // output. `identity` puts an Identity after r, a producer that hands over its input instead of
@@ -35,15 +50,7 @@ struct UnetLike {
     ir::Graph& g = *m.graph;
     ir::Value* x = g.add_value("x", image(4));
     g.add_input(x);
-    auto conv = [&](ir::Value* in, int64_t cin, int64_t cout, const char* name, uint32_t seed) {
-      ir::Value* out = g.add_value(name, image(cout));
-      ir::Node* n = g.add_node("Conv", {in, g.add_initializer(std::string(name) + "_w", test::random_tensor({cout, cin, 3, 3}, seed)),
-                                        g.add_initializer(std::string(name) + "_b", test::random_tensor({cout}, seed + 1))},
-                               {out}, std::string(name) + "_conv");
-      n->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
-      return out;
-    };
-    ir::Value* a = conv(x, 4, 8, "a", 1);
+    ir::Value* a = add_conv(g, x, 4, 8, "a", 1);
     ir::Value* r = g.add_value("r", image(8));
     g.add_node("Relu", {a}, {r}, "relu");
     if (identity) {
@@ -51,18 +58,18 @@ struct UnetLike {
       g.add_node("Identity", {r}, {id}, "identity");
       r = id;
     }
-    ir::Value* b = conv(a, 8, 8, "b", 3);
+    ir::Value* b = add_conv(g, a, 8, 8, "b", 3);
     ir::Value* cat = g.add_value("cat");
     g.add_node("Concat", {r, b}, {cat}, "concat")->set_attr(ir::Attribute::make_int("axis", axis));
     ir::Value* y = nullptr;
     if (axis == 1) {
-      y = conv(cat, 16, 3, "y", 5);
+      y = add_conv(g, cat, 16, 3, "y", 5);
     } else {
       y = g.add_value("y");
       g.add_node("Relu", {cat}, {y}, "relu_y");
     }
     g.add_output(y);
-    // a + r read after the Concat: Add may write into a's slice-free buffer, never into the Concat's.
+    // a + r after the Concat: r, a slice, is read again once the Concat has run.
     ir::Value* sum = g.add_value("sum");
     g.add_node("Add", {a, r}, {sum}, "add");
     g.add_output(sum);
@@ -88,8 +95,7 @@ int64_t joins_in_three_runs(const ir::Model& m, const Tensor& x, int threads = 1
   const std::vector<Tensor> got = run(m, x, true, 3, threads);
   const int64_t joins = rt::InPlaceConcats::joined_count() - before;
   const std::vector<Tensor> want = run(m, x, false, 1);
-  REQUIRE(got.size() == want.size());
-  for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+  check_same_bits(got, want);
   return joins;
 }
 
@@ -109,8 +115,7 @@ TEST_CASE("Concat along channels of one image joins in place and gives the copy'
     const std::vector<Tensor> got = exec.run({{"x", x}});
     // The first run arms the Concat with its shapes; every later one joins.
     CHECK(rt::InPlaceConcats::joined_count() - before == (i == 0 ? 0 : 1));
-    REQUIRE(got.size() == want.size());
-    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+    check_same_bits(got, want);
   }
   SECTION("fused for inference as mpq run runs it") {
     UnetLike fused_u;
@@ -122,7 +127,7 @@ TEST_CASE("Concat along channels of one image joins in place and gives the copy'
     const int64_t before = rt::InPlaceConcats::joined_count();
     const std::vector<Tensor> got = e2.run({{"x", x}});
     CHECK(rt::InPlaceConcats::joined_count() - before == 1);
-    for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+    check_same_bits(got, want);
   }
 }
 
@@ -137,7 +142,7 @@ TEST_CASE("Concat in place falls back to the copy where it cannot join", "[conca
     for (const Tensor* x : {&large, &small, &small, &large, &large}) {
       const std::vector<Tensor> got = exec.run({{"x", *x}});
       const std::vector<Tensor> want = run(u.m, *x, false, 1);
-      for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+      check_same_bits(got, want);
     }
   }
   SECTION("a producer that hands over its input (Identity)") {
@@ -168,7 +173,7 @@ TEST_CASE("Results kept from an earlier run are not overwritten by the next", "[
   const std::vector<Tensor> first = exec.run({{"x", x1}});
   const std::vector<Tensor> copy{first[0].clone(), first[1].clone()};
   exec.run({{"x", x2}});
-  for (size_t k = 0; k < first.size(); ++k) CHECK(same_bits(first[k], copy[k]));
+  check_same_bits(first, copy);
 }
 
 TEST_CASE("Nested Concats, slices that are graph outputs, and a Concat taken in place as Z", "[concat_in_place]") {
@@ -178,24 +183,14 @@ TEST_CASE("Nested Concats, slices that are graph outputs, and a Concat taken in 
     ir::Graph& g = *m.graph;
     ir::Value* x = g.add_value("x", image(4));
     g.add_input(x);
-    uint32_t seed = 60;
-    auto conv = [&](ir::Value* in, int64_t cin, int64_t cout, const std::string& name) {
-      ir::Value* out = g.add_value(name, image(cout));
-      g.add_node("Conv", {in, g.add_initializer(name + "_w", test::random_tensor({cout, cin, 3, 3}, seed)),
-                          g.add_initializer(name + "_b", test::random_tensor({cout}, seed + 1))},
-                 {out}, name + "_conv")
-          ->set_attr(ir::Attribute::make_ints("pads", {1, 1, 1, 1}));
-      seed += 2;
-      return out;
-    };
-    ir::Value* a = conv(x, 4, 8, "a");
-    ir::Value* b = conv(x, 4, 8, "b");
+    ir::Value* a = add_conv(g, x, 4, 8, "a", 60);
+    ir::Value* b = add_conv(g, x, 4, 8, "b", 62);
     ir::Value* cat = g.add_value("cat");
     g.add_node("Concat", {a, b}, {cat}, "concat")->set_attr(ir::Attribute::make_int("axis", 1));
     const std::string k = kind;
     if (k == "nested") {
       // cat -> Concat(cat, d): the inner one joins; the outer one sees the inner's own buffer.
-      ir::Value* d = conv(x, 4, 16, "d");
+      ir::Value* d = add_conv(g, x, 4, 16, "d", 64);
       ir::Value* outer = g.add_value("outer");
       g.add_node("Concat", {cat, d}, {outer}, "outer_concat")->set_attr(ir::Attribute::make_int("axis", 1));
       ir::Value* y = g.add_value("y");
@@ -210,7 +205,7 @@ TEST_CASE("Nested Concats, slices that are graph outputs, and a Concat taken in 
     } else {
       // y = Conv(x) + cat: fused into one convolution whose Z is the Concat's output, which dies
       // there, so the sum may be written over it in place.
-      ir::Value* c = conv(x, 4, 16, "c");
+      ir::Value* c = add_conv(g, x, 4, 16, "c", 64);
       ir::Value* y = g.add_value("y");
       g.add_node("Add", {c, cat}, {y}, "add");
       g.add_output(y);
@@ -231,8 +226,7 @@ TEST_CASE("Nested Concats, slices that are graph outputs, and a Concat taken in 
       const int64_t before = rt::InPlaceConcats::joined_count();
       const std::vector<Tensor> got = exec.run({{"x", x}});
       joins.push_back(rt::InPlaceConcats::joined_count() - before);
-      REQUIRE(got.size() == want.size());
-      for (size_t k = 0; k < got.size(); ++k) CHECK(same_bits(got[k], want[k]));
+      check_same_bits(got, want);
     }
     const std::string k = kind;
     // nested: the inner Concat joins from the second run on, the outer never; output: a is no
