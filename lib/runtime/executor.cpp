@@ -10,6 +10,7 @@
 #include "core/half.h"
 #include "runtime/batch_rows.h"
 #include "runtime/concat_in_place.h"
+#include "runtime/shape_value_cache.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/graph_runner.h"
@@ -73,6 +74,10 @@ struct Executor::Impl : SubgraphRunner {
 
   // The top-level graph's Concats that its producers may write in place (runtime/concat_in_place.h).
   InPlaceConcats concats;
+  // The top-level graph's values computed from shapes, kept between runs
+  // (runtime/shape_value_cache.h); keep_shape_values is false where the option is off.
+  ShapeValueCache shape_values;
+  bool keep_shape_values = false;
   static constexpr size_t kMaxSplitWeightBytes = size_t{128} << 20;  // over all the parts' copies
 
   // Runtime scope chain for subgraphs.
@@ -97,6 +102,17 @@ struct Executor::Impl : SubgraphRunner {
         outs.push_back(step.outputs);
       }
       concats.plan(nodes, ins, outs, top.slot_values.size(), top.output_slots);
+    }
+    if (options.shape_value_cache && shape_value_cache_enabled()) {
+      std::vector<const ir::Node*> nodes;
+      std::vector<std::vector<int>> ins, outs;
+      for (const Step& step : top.steps) {
+        nodes.push_back(step.node);
+        ins.push_back(step.inputs);
+        outs.push_back(step.outputs);
+      }
+      shape_values.plan(nodes, ins, outs, top.slot_values.size(), top.constants, top.output_slots);
+      keep_shape_values = true;
     }
   }
 
@@ -283,7 +299,9 @@ struct Executor::Impl : SubgraphRunner {
     // The contexts' input and output lists, kept across steps so that a step allocates neither.
     std::vector<const Tensor*> ins_store;
     std::vector<Tensor> outs_store;
-    const bool in_place = plan.graph == model.graph.get() && !concats.empty();
+    const bool top_level = plan.graph == model.graph.get();
+    const bool in_place = top_level && !concats.empty();
+    const bool kept_values = top_level && keep_shape_values;
     std::vector<Tensor> preferred;
     if (in_place) concats.begin_run();
     for (const Step& step : plan.steps) {
@@ -312,17 +330,23 @@ struct Executor::Impl : SubgraphRunner {
       }
       const bool timed = profiling && plan.graph == model.graph.get();
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
-      const int concat = in_place ? concats.concat_at(static_cast<int>(step_index)) : -1;
+      const bool kept = kept_values && shape_values.kept_step(static_cast<int>(step_index));
+      const int concat = in_place && !kept ? concats.concat_at(static_cast<int>(step_index)) : -1;
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
-        if (in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
-          ctx.set_preferred_outputs(&preferred);
-        if (concat >= 0 && concats.try_join(concat, ins, ctx.mutable_outputs()[0])) {
-          // Every input already sits in its slice of the output.
-        } else if (!step.def->native_low_precision && any_low_precision(ins)) {
-          run_in_float32(*step.kernel, ctx);
+        if (kept && shape_values.reuse(static_cast<int>(step_index), ins, ctx.mutable_outputs())) {
+          // The same shapes (and sizes computed from them) as when these outputs were kept.
         } else {
-          step.kernel->compute(ctx);
+          if (!kept && in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
+            ctx.set_preferred_outputs(&preferred);
+          if (concat >= 0 && concats.try_join(concat, ins, ctx.mutable_outputs()[0])) {
+            // Every input already sits in its slice of the output.
+          } else if (!step.def->native_low_precision && any_low_precision(ins)) {
+            run_in_float32(*step.kernel, ctx);
+          } else {
+            step.kernel->compute(ctx);
+          }
+          if (kept) shape_values.remember(static_cast<int>(step_index), ins, ctx.mutable_outputs());
         }
         if (concat >= 0) concats.remember(concat, ins, ctx.mutable_outputs()[0]);
         // An unused view would keep the Concat's buffer owned twice (no in-place Z into it).

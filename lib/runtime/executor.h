@@ -38,6 +38,10 @@ struct ExecOptions {
   // CPU: producers of a Concat's inputs write into slices of its output where the slices are
   // contiguous (runtime/concat_in_place.h). Off (or MPQ_CONCAT_IN_PLACE=0): every Concat copies.
   bool concat_in_place = true;
+  // CPU: Shape and the small integer ops that compute on its output keep their outputs between
+  // runs and skip their kernels while what they read is unchanged (runtime/shape_value_cache.h).
+  // Off (or MPQ_SHAPE_VALUE_CACHE=0): they run on every call.
+  bool shape_value_cache = true;
 };
 
 // Where a run's time went, per op type ("domain::Op" outside the default domain) or per node (then
