@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -30,10 +31,21 @@ namespace {
 // Size classes: 8 steps per power of two, so a reused block wastes at most 12.5%.
 size_t size_class(size_t bytes) {
   if (bytes <= 256) return 256;
-  size_t p = 1;
-  while (p * 2 <= bytes) p *= 2;
-  size_t step = p / 8;
+  const int log2 = 63 - __builtin_clzll(bytes);
+  const size_t step = (size_t{1} << log2) / 8;
   return (bytes + step - 1) / step * step;
+}
+
+// A dense index of the size classes, for the per-thread lists: 256 is 0, then 8 per power of two.
+constexpr size_t kClassIndices = 64 * 8;
+size_t class_index(size_t cls) {
+  if (cls <= 256) return 0;
+  const int log2 = 63 - __builtin_clzll(cls);
+  return static_cast<size_t>(log2 - 8) * 8 + (cls - (size_t{1} << log2)) / ((size_t{1} << log2) / 8);
+}
+size_t class_of_index(size_t index) {
+  const size_t power = size_t{1} << (index / 8 + 8);
+  return power + index % 8 * (power / 8);
 }
 
 class HostCache {
@@ -100,22 +112,22 @@ class LocalCache {
   LocalCache() { t_local_state = 1; }
   ~LocalCache() {
     t_local_state = 2;
-    for (auto& [cls, blocks] : free_)
-      for (void* p : blocks) HostCache::instance().give(p, cls);
+    for (size_t i = 0; i < kClassIndices; ++i)
+      for (void* p : free_[i]) HostCache::instance().give(p, class_of_index(i));
   }
   void* take(size_t cls) {
     sync();
-    auto it = free_.find(cls);
-    if (it == free_.end() || it->second.empty()) return HostCache::instance().take(cls);
-    void* p = it->second.back();
-    it->second.pop_back();
+    std::vector<void*>& blocks = free_[class_index(cls)];
+    if (blocks.empty()) return HostCache::instance().take(cls);
+    void* p = blocks.back();
+    blocks.pop_back();
     held_ -= cls;
     return p;
   }
   void give(void* p, size_t cls) {
     sync();
     if (held_ + cls > kMaxLocal) return HostCache::instance().give(p, cls);
-    free_[cls].push_back(p);
+    free_[class_index(cls)].push_back(p);
     held_ += cls;
   }
 
@@ -123,14 +135,16 @@ class LocalCache {
   void sync() {
     const uint64_t g = g_trim_generation.load(std::memory_order_relaxed);
     if (g == generation_) return;
-    for (auto& [cls, blocks] : free_)
+    for (std::vector<void*>& blocks : free_) {
       for (void* p : blocks) std::free(p);
-    free_.clear();
+      blocks.clear();
+    }
     held_ = 0;
     generation_ = g;
   }
   static constexpr size_t kMaxLocal = size_t(64) << 20;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  // Indexed by class_index: a run's allocations and frees here do no hashing.
+  std::array<std::vector<void*>, kClassIndices> free_;
   size_t held_ = 0;
   uint64_t generation_ = g_trim_generation.load(std::memory_order_relaxed);
 };
@@ -159,6 +173,72 @@ void note_alloc(size_t cls) {
 }
 }  // namespace
 
+namespace {
+
+// The control blocks of host buffers' shared_ptrs come from a per-thread list: a node output is a
+// new tensor on every run, and its control block would otherwise be a malloc and a free each time
+// (the ViT shipped here makes about 150 tensors per run at batch 1).
+thread_local int t_control_state = 0;  // as t_local_state, for t_control_blocks
+
+class ControlBlocks {
+ public:
+  static constexpr size_t kBytes = 64;  // larger control blocks (none here) bypass the list
+  ControlBlocks() { t_control_state = 1; }
+  ~ControlBlocks() {
+    t_control_state = 2;
+    for (void* p : free_) ::operator delete(p);
+  }
+  void* take() {
+    if (free_.empty()) return ::operator new(kBytes);
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void give(void* p) {
+    if (free_.size() >= kMaxKept) return ::operator delete(p);
+    free_.push_back(p);
+  }
+
+ private:
+  static constexpr size_t kMaxKept = size_t{1} << 16;
+  std::vector<void*> free_;
+};
+
+thread_local ControlBlocks t_control_blocks;
+
+// Blocks go back to the list of the thread that frees them, which need not be the one that took
+// them: every block is an operator new of kBytes, so any list (or operator delete) takes it.
+template <typename T>
+struct ControlBlockAllocator {
+  using value_type = T;
+  ControlBlockAllocator() = default;
+  template <typename U>
+  ControlBlockAllocator(const ControlBlockAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) {
+    static_assert(sizeof(T) > 0);
+    if (n * sizeof(T) > ControlBlocks::kBytes) return static_cast<T*>(::operator new(n * sizeof(T)));
+    return static_cast<T*>(t_control_state == 2 ? ::operator new(ControlBlocks::kBytes) : t_control_blocks.take());
+  }
+  void deallocate(T* p, size_t n) {
+    if (n * sizeof(T) > ControlBlocks::kBytes || t_control_state == 2) return ::operator delete(p);
+    t_control_blocks.give(p);
+  }
+  template <typename U>
+  bool operator==(const ControlBlockAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const ControlBlockAllocator<U>&) const { return false; }
+};
+
+struct HostDeleter {
+  size_t cls;
+  void operator()(void* q) const {
+    g_in_use.fetch_sub(cls, std::memory_order_relaxed);
+    give_block(q, cls);
+  }
+};
+
+}  // namespace
+
 std::shared_ptr<void> host_alloc(size_t bytes) {
   size_t cls = size_class(bytes == 0 ? 1 : bytes);
   void* p = take_block(cls);
@@ -167,10 +247,7 @@ std::shared_ptr<void> host_alloc(size_t bytes) {
     if (!p) fail_internal("out of host memory allocating {} bytes", cls);
   }
   note_alloc(cls);
-  return std::shared_ptr<void>(p, [cls](void* q) {
-    g_in_use.fetch_sub(cls, std::memory_order_relaxed);
-    give_block(q, cls);
-  });
+  return std::shared_ptr<void>(p, HostDeleter{cls}, ControlBlockAllocator<void>{});
 }
 
 size_t host_bytes_in_use() { return g_in_use.load(std::memory_order_relaxed); }
