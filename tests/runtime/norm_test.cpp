@@ -153,6 +153,21 @@ TEST_CASE("LayerNormalization over every axis", "[norm]") {
       want[static_cast<size_t>(r * D + i)] = (w.get_double(r * D + i) - m) / std::sqrt(v + double(1e-5f)) * scale.get_double(i % 257);
   }
   check_close(y, want, 2e-6, "LayerNormalization broadcast scale, no bias");
+  // A scale and bias with leading ones ([1, 1, 257] over a normalised [257]) are read as they are.
+  const Tensor scale3 = scale.reshaped({1, 1, 257});
+  const Tensor bias3 = test::random_tensor({1, 257}, 71, -1, 1);
+  const Tensor y3 = run1("LayerNormalization", {w, scale3, bias3}, {}, 17);
+  std::vector<double> want3(static_cast<size_t>(w.numel()));
+  for (int64_t r = 0; r < 33 * 4; ++r) {
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < 257; ++i) idx.push_back(r * 257 + i);
+    double m, v;
+    stats(w, idx, m, v);
+    for (int64_t i = 0; i < 257; ++i)
+      want3[static_cast<size_t>(r * 257 + i)] =
+          (w.get_double(r * 257 + i) - m) / std::sqrt(v + double(1e-5f)) * scale.get_double(i) + bias3.get_double(i);
+  }
+  check_close(y3, want3, 2e-6, "LayerNormalization scale and bias with leading ones");
 }
 
 TEST_CASE("InstanceNormalization and GroupNormalization", "[norm]") {
@@ -285,6 +300,9 @@ TEST_CASE("normalisation ops reject bad nodes", "[norm]") {
   CHECK_THROWS_AS(run1("InstanceNormalization", {x, c4, c4}, {}, 6), Error);
   CHECK_THROWS_AS(run1("LayerNormalization", {x, c3}, {}, 17), Error);
   CHECK_THROWS_AS(run1("LayerNormalization", {x, c4}, {ir::Attribute::make_int("axis", 3)}, 17), Error);
+  // As many values as the normalised shape [3, 4] holds, in another shape: not read as it.
+  const Tensor c43 = test::random_tensor({4, 3}, 5);
+  CHECK_THROWS_AS(run1("LayerNormalization", {x, c43}, {ir::Attribute::make_int("axis", 1)}, 17), Error);
   CHECK_THROWS_AS(run1("GroupNormalization", {x, c3, c3}, {ir::Attribute::make_int("num_groups", 2)}, 18), Error);
   CHECK_THROWS_AS(run1("GroupNormalization", {x, c3, c3}, {}, 18), Error);
   const Tensor c1 = test::random_tensor({1}, 4);

@@ -4,6 +4,7 @@
 // Per-row statistics use two passes over the row (mean, then the sum of squared deviations),
 // which stays accurate where E[x^2] - E[x]^2 would cancel. Rows are contiguous and the loops
 // that apply the normalisation vectorise; rows are spread over the thread pool.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -60,6 +61,23 @@ std::vector<T> expand_param(const KernelContext& ctx, const Tensor& t, const Sha
     }
   }
   return out;
+}
+
+// The D = numel(target) values of `t` broadcast to `target`: `t`'s own data where it already holds
+// them in order (the same element type, and the same shape once leading ones are dropped: a
+// LayerNorm's scale and bias, read on every run without a copy), else expand_param's copy in
+// `storage`.
+template <typename T>
+const T* param_row(const KernelContext& ctx, const Tensor& t, const Shape& target, const char* what,
+                   std::vector<T>& storage) {
+  if (t.dtype() == dtype_of<T> && t.numel() == shape_numel(target)) {
+    auto a = t.shape().begin(), b = target.begin();
+    while (a != t.shape().end() && *a == 1) ++a;
+    while (b != target.end() && *b == 1) ++b;
+    if (std::equal(a, t.shape().end(), b, target.end())) return t.data<T>();
+  }
+  storage = expand_param<T>(ctx, t, target, what);
+  return storage.data();
 }
 
 template <typename F>
@@ -188,19 +206,22 @@ void layernorm_kernel(KernelContext& ctx) {
   Shape norm_shape(x.shape().begin() + axis, x.shape().end());
   const int64_t D = shape_numel(norm_shape);
   const int64_t rows = D > 0 ? x.numel() / D : shape_numel(Shape(x.shape().begin(), x.shape().begin() + axis));
-  Shape stat_shape(x.shape().begin(), x.shape().begin() + axis);
-  stat_shape.resize(static_cast<size_t>(rank), 1);
+  Shape stat_shape;  // only for the optional Mean and InvStdDev outputs
+  if (ctx.output_wanted(1) || ctx.output_wanted(2)) {
+    stat_shape.assign(x.shape().begin(), x.shape().begin() + axis);
+    stat_shape.resize(static_cast<size_t>(rank), 1);
+  }
   Tensor& y = ctx.alloc_output(0, x.dtype(), x.shape());
   dispatch_float(ctx, x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const std::vector<T> sc = expand_param<T>(ctx, scale, norm_shape, "Scale");
-    const std::vector<T> bi = bias ? expand_param<T>(ctx, *bias, norm_shape, "B") : std::vector<T>(static_cast<size_t>(D), T(0));
+    std::vector<T> sc_storage, bi_storage;
+    const T* s = param_row<T>(ctx, scale, norm_shape, "Scale", sc_storage);
+    if (!bias) bi_storage.assign(static_cast<size_t>(D), T(0));
+    const T* b = bias ? param_row<T>(ctx, *bias, norm_shape, "B", bi_storage) : bi_storage.data();
     T* pmean = ctx.output_wanted(1) ? ctx.alloc_output(1, x.dtype(), stat_shape).template data<T>() : nullptr;
     T* pinv = ctx.output_wanted(2) ? ctx.alloc_output(2, x.dtype(), stat_shape).template data<T>() : nullptr;
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    const T* s = sc.data();
-    const T* b = bi.data();
     ctx.pool().parallel_for(rows, math::grain_for(D, 16384), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = px + r * D;
