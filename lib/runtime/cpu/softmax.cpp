@@ -13,6 +13,7 @@
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/register_all.h"
+#include "runtime/cpu/unary.h"
 
 namespace mpq::rt::cpu {
 
@@ -69,7 +70,8 @@ void row(const T* x, T* y, int64_t n) {
 constexpr int64_t kChunk = 256;
 
 // y[i] = e^y[i] over a contiguous range: the exponentials of many short rows in one long loop,
-// 8 lanes wide where the CPU has AVX2 (no FMA: the same bits as the SSE2 loop).
+// 16 lanes wide where the CPU has AVX-512 and 8 with AVX2, as the element-wise unary kernels pick
+// (unary_isa). This file is built with -ffp-contract=off, so the three loops give the same bits.
 void exp_in_place_sse2(float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
 }
@@ -77,11 +79,17 @@ void exp_in_place_sse2(float* y, int64_t n) {
 __attribute__((target("avx2"))) void exp_in_place_avx2(float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
 }
+__attribute__((target("avx512f"))) void exp_in_place_avx512(float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
+}
 #endif
 void exp_in_place(float* y, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return exp_in_place_avx2(y, n);
+  switch (unary_isa()) {
+    case UnaryIsa::Avx512: return exp_in_place_avx512(y, n);
+    case UnaryIsa::Avx2: return exp_in_place_avx2(y, n);
+    default: break;
+  }
 #endif
   exp_in_place_sse2(y, n);
 }

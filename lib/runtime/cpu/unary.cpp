@@ -574,6 +574,11 @@ void prelu_kernel(KernelContext& ctx) {
 
 UnaryIsa force_unary_isa(UnaryIsa isa) {
   g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+  return unary_isa();
+}
+
+UnaryIsa unary_isa() {
+  const auto isa = static_cast<UnaryIsa>(g_forced_isa.load(std::memory_order_relaxed));
 #if defined(__x86_64__) && defined(__GNUC__)
   if ((isa == UnaryIsa::Auto || isa == UnaryIsa::Avx512) && cpu_has_avx512()) return UnaryIsa::Avx512;
   if (isa != UnaryIsa::Baseline && cpu_has_avx2()) return UnaryIsa::Avx2;

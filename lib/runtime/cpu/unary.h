@@ -12,4 +12,8 @@ enum class UnaryIsa { Auto, Avx512, Avx2, Baseline };
 // has) from now on, process-wide; returns the one that will run. Auto restores the default.
 UnaryIsa force_unary_isa(UnaryIsa isa);
 
+// The ISA the element-wise loops run with now: the forced one (or the next narrower one this CPU
+// has), else the widest this CPU has. Softmax's exponential follows it too.
+UnaryIsa unary_isa();
+
 }  // namespace mpq::rt::cpu
