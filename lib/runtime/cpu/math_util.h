@@ -171,12 +171,13 @@ inline float fast_erf(float x) {
   return sel(ax < 0.5f, erf_small(x), sel(x != x, x, big));
 }
 
-// 1 + erf(x) without cancellation for negative x (for Gelu).
+// 1 + erf(x) without cancellation for negative x (for Gelu): erfc(-x). erfc's relative error
+// (1.2e-7) is that of the result too, near 0 included (1 + erf(x) is near 1 there, so the
+// cancellation that erf_small avoids for erf itself does not arise): one branch per element, about
+// a quarter fewer instructions than also evaluating erf_small.
 inline float fast_one_plus_erf(float x) {
-  const float ax = std::fabs(x);
-  const float c = fast_erfc_pos(ax);
-  const float big = sel(x > 0.0f, 2.0f - c, c);
-  return sel(ax < 0.5f, 1.0f + erf_small(x), sel(x != x, x, big));
+  const float c = fast_erfc_pos(std::fabs(x));
+  return sel(x != x, x, sel(x > 0.0f, 2.0f - c, c));
 }
 
 // Sum / max of a contiguous float row with independent lanes (vectorised without -ffast-math).
