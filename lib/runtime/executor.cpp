@@ -330,14 +330,17 @@ struct Executor::Impl : SubgraphRunner {
       }
       const bool timed = profiling && plan.graph == model.graph.get();
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
-      const bool kept = kept_values && shape_values.kept_step(static_cast<int>(step_index));
-      const int concat = in_place && !kept ? concats.concat_at(static_cast<int>(step_index)) : -1;
+      // A step the plan found computing from shapes stays out of the in-place Concats even once it
+      // is no longer kept, so that those decisions never change between runs.
+      const bool planned = kept_values && shape_values.planned_step(static_cast<int>(step_index));
+      const bool kept = planned && shape_values.kept_step(static_cast<int>(step_index));
+      const int concat = in_place && !planned ? concats.concat_at(static_cast<int>(step_index)) : -1;
       const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       try {
         if (kept && shape_values.reuse(static_cast<int>(step_index), ins, ctx.mutable_outputs())) {
           // The same shapes (and sizes computed from them) as when these outputs were kept.
         } else {
-          if (!kept && in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
+          if (!planned && in_place && concats.prefer_outputs(static_cast<int>(step_index), step.outputs, preferred))
             ctx.set_preferred_outputs(&preferred);
           if (concat >= 0 && concats.try_join(concat, ins, ctx.mutable_outputs()[0])) {
             // Every input already sits in its slice of the output.
@@ -556,15 +559,23 @@ std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::str
   }
   impl_->current = nullptr;
   impl_->run_steps(plan, env, keep.empty() ? nullptr : &keep, true);
+  // A result that shares a kept value's buffer (a view of it, or the value itself as an extra
+  // value) goes to the caller as a copy: what the caller writes must not reach a later run.
+  auto handed_out = [&](const Tensor& t) {
+    return impl_->keep_shape_values && t.numel() <= ShapeValueCache::kMaxValues && impl_->shape_values.shares_buffer(t)
+               ? t.clone()
+               : t;
+  };
   std::vector<Tensor> out;
   for (int s : plan.output_slots) {
     if (!env[static_cast<size_t>(s)].defined())
       fail_input("output '{}' was not computed", plan.slot_values[static_cast<size_t>(s)]->name());
-    out.push_back(env[static_cast<size_t>(s)]);
+    out.push_back(handed_out(env[static_cast<size_t>(s)]));
   }
   if (extra_out) {
     extra_out->clear();
-    for (const std::string& name : extra_values) extra_out->push_back(env[static_cast<size_t>(plan.slot_of.at(name))]);
+    for (const std::string& name : extra_values)
+      extra_out->push_back(handed_out(env[static_cast<size_t>(plan.slot_of.at(name))]));
   }
   return out;
 }

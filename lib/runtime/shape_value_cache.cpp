@@ -48,38 +48,49 @@ void ShapeValueCache::plan(const std::vector<const ir::Node*>& nodes, const std:
                            const std::vector<std::pair<int, Tensor>>& constants,
                            const std::vector<int>& graph_outputs) {
   steps_.assign(nodes.size(), Step{});
-  // Per slot: 1 computed from shapes by an eligible step, 2 a small constant.
-  std::vector<char> kind(slots, 0);
+  // Per slot: the planned step that computes it (-1 for none), and whether it is a small constant.
+  std::vector<int> producer(slots, -1);
+  std::vector<char> small_constant(slots, 0);
   for (const auto& [slot, value] : constants)
-    if (small(value)) kind[static_cast<size_t>(slot)] = 2;
-  // A graph output goes to the caller, who may write into it: never shared with a kept value.
+    if (small(value)) small_constant[static_cast<size_t>(slot)] = 1;
+  // A graph output goes to the caller: the step writing one is never kept (its copy would be the
+  // caller's).
   std::vector<char> is_output(slots, 0);
   for (int s : graph_outputs) is_output[static_cast<size_t>(s)] = 1;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = *nodes[i];
     if (!n.domain.empty() || !n.subgraphs().empty()) continue;
-    bool eligible = false;
+    bool qualifies = false;
     const bool shape_only = n.op_type == "Shape" || n.op_type == "Size";
     if (shape_only) {
-      eligible = !inputs[i].empty() && inputs[i][0] >= 0;
+      qualifies = !inputs[i].empty() && inputs[i][0] >= 0;
     } else if (derived_ops().count(n.op_type)) {
       bool from_shapes = false, all_small = true;
       for (int s : inputs[i]) {
         if (s < 0) continue;
-        from_shapes = from_shapes || kind[static_cast<size_t>(s)] == 1;
-        all_small = all_small && kind[static_cast<size_t>(s)] != 0;
+        from_shapes = from_shapes || producer[static_cast<size_t>(s)] >= 0;
+        all_small = all_small && (producer[static_cast<size_t>(s)] >= 0 || small_constant[static_cast<size_t>(s)]);
       }
-      eligible = from_shapes && all_small;
+      qualifies = from_shapes && all_small;
     }
     for (int s : outputs[i])
-      if (s >= 0 && is_output[static_cast<size_t>(s)]) eligible = false;
-    if (!eligible) continue;
-    steps_[i].eligible = true;
-    steps_[i].shape_only = shape_only;
-    for (int s : inputs[i]) steps_[i].from_kept_step.push_back(s >= 0 && kind[static_cast<size_t>(s)] == 1);
+      if (s >= 0 && is_output[static_cast<size_t>(s)]) qualifies = false;
+    if (!qualifies) continue;
+    Step& st = steps_[i];
+    st.planned = st.eligible = true;
+    st.shape_only = shape_only;
+    if (!shape_only)
+      for (int s : inputs[i]) st.producer.push_back(s >= 0 ? producer[static_cast<size_t>(s)] : -1);
     for (int s : outputs[i])
-      if (s >= 0) kind[static_cast<size_t>(s)] = 1;
+      if (s >= 0) producer[static_cast<size_t>(s)] = static_cast<int>(i);
   }
+}
+
+void ShapeValueCache::drop(Step& st) {
+  st.eligible = false;
+  st.valid = false;
+  st.key.clear();
+  st.outputs.clear();
 }
 
 bool ShapeValueCache::reuse(int step, const std::vector<const Tensor*>& ins, std::vector<Tensor>& outs) {
@@ -92,9 +103,14 @@ bool ShapeValueCache::reuse(int step, const std::vector<const Tensor*>& ins, std
     for (size_t i = 0; i < ins.size(); ++i) {
       if (!ins[i] != !st.key[i].defined()) return false;
       if (!ins[i]) continue;
-      const bool held = st.key[i].same_buffer(*ins[i]) && st.key[i].dtype() == ins[i]->dtype() &&
-                        st.key[i].shape() == ins[i]->shape();
-      if (!held && !same_value(*ins[i], st.key[i])) return false;
+      // Computed this run by a step still kept, at the version recorded: the same value, since a
+      // kept step's version changes whenever its outputs do.
+      const int p = st.producer[i];
+      if (p >= 0) {
+        const Step& from = steps_[static_cast<size_t>(p)];
+        if (from.eligible && from.valid && from.version == st.key_version[i]) continue;
+      }
+      if (!same_value(*ins[i], st.key[i])) return false;
     }
   }
   for (size_t i = 0; i < outs.size() && i < st.outputs.size(); ++i) outs[i] = st.outputs[i];
@@ -104,34 +120,47 @@ bool ShapeValueCache::reuse(int step, const std::vector<const Tensor*>& ins, std
 
 void ShapeValueCache::remember(int step, const std::vector<const Tensor*>& ins, const std::vector<Tensor>& outs) {
   Step& st = steps_[static_cast<size_t>(step)];
-  st.valid = false;
-  for (const Tensor& t : outs) {
-    // Larger than a size (ConstantOfShape, Expand, Tile of a big shape): not worth keeping, and
-    // its consumers then read it as any other value. The step recomputes from now on.
-    if (t.defined() && !small(t)) {
-      st.eligible = false;
-      st.key.clear();
-      st.outputs.clear();
-      return;
-    }
-  }
+  // Larger than a size (ConstantOfShape, Expand, Tile of a big shape; an input larger than the
+  // plan saw): not worth keeping. The step recomputes from now on, and its consumers compare its
+  // outputs by value.
+  for (const Tensor& t : outs)
+    if (t.defined() && !small(t)) return drop(st);
   if (st.shape_only) {
-    if (ins.empty() || !ins[0]) return;
+    if (ins.empty() || !ins[0]) return drop(st);
     st.input_shape = ins[0]->shape();
   } else {
+    for (const Tensor* t : ins)
+      if (t && !small(*t)) return drop(st);
     st.key.clear();
-    for (const Tensor* t : ins) {
-      if (t && !small(*t)) {  // an input larger than the plan saw (not a constant): never kept
-        st.eligible = false;
-        st.outputs.clear();
-        return;
-      }
-      const bool share = st.from_kept_step[st.key.size()] != 0;
-      st.key.push_back(!t ? Tensor() : share ? *t : t->clone());
+    st.key_version.assign(ins.size(), 0);
+    for (size_t i = 0; i < ins.size(); ++i) {
+      st.key.push_back(ins[i] ? ins[i]->clone() : Tensor());
+      const int p = st.producer[i];
+      if (p >= 0) st.key_version[i] = steps_[static_cast<size_t>(p)].version;
     }
   }
-  st.outputs = outs;
+  bool unchanged = st.valid && st.outputs.size() == outs.size();
+  for (size_t i = 0; unchanged && i < outs.size(); ++i)
+    unchanged = outs[i].defined() == st.outputs[i].defined() && (!outs[i].defined() || same_value(outs[i], st.outputs[i]));
+  if (!unchanged) {
+    // The cache's own copies: a kernel's output may be a view of a feed or a constant, or be
+    // handed on to the caller.
+    st.outputs.clear();
+    for (const Tensor& t : outs) st.outputs.push_back(t.defined() ? t.clone() : Tensor());
+    st.version = ++next_version_;
+  }
   st.valid = true;
+}
+
+bool ShapeValueCache::shares_buffer(const Tensor& t) const {
+  const std::shared_ptr<void>& b = t.buffer();
+  if (!b) return false;
+  for (const Step& st : steps_)
+    for (const Tensor& kept : st.outputs) {
+      const std::shared_ptr<void>& k = kept.buffer();
+      if (k && !b.owner_before(k) && !k.owner_before(b)) return true;
+    }
+  return false;
 }
 
 }  // namespace mpq::rt

@@ -1,7 +1,9 @@
 // Values computed from shapes kept between runs (runtime/shape_value_cache.h): a reshape target
 // built from Shape, Gather, Unsqueeze and Concat is computed once per input shape, recomputed
 // where a shape changes (and only as far as the change reaches), never kept where it is a graph
-// output or too large, and every run gives the outputs of an executor that keeps nothing.
+// output or too large, never handed to the caller (through a view, or as an extra value) where
+// the caller's writes could reach a later run, never taken from a feed's buffer, and every run
+// gives the outputs of an executor that keeps nothing.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -135,7 +137,8 @@ TEST_CASE("a shape value that is a graph output is never kept", "[shape_value_ca
 
 TEST_CASE("a large value computed from shapes is not kept", "[shape_value_cache]") {
   // T * 20 = 100 ones: past ShapeValueCache::kMaxValues, so ConstantOfShape recomputes on every
-  // run and the ReduceSum reading it is dropped too; the six head-split steps and the Mul are kept.
+  // run (ReduceSum's output is a graph output, never kept); the six head-split steps and the Mul
+  // are kept.
   HeadSplit h(false, 20);
   rt::Executor exec(h.m, options(true));
   const Tensor a = test::random_tensor({2, 5, 6}, 1);
@@ -151,4 +154,97 @@ TEST_CASE("a large value computed from shapes is not kept", "[shape_value_cache]
   CHECK(reused_in_run(exec_small, small.m, a) == 0);
   // 15 ones: ConstantOfShape is kept too (ReduceSum's output is a graph output, never kept).
   CHECK(reused_in_run(exec_small, small.m, a) == 8);
+}
+
+namespace {
+
+// x[N, 4] -> Reshape(x, target = Concat(Shape(x), [1])) -> y; with `target_out`, Identity(target)
+// is a graph output too: a view of a kept value, which the caller may write into.
+struct TargetGraph {
+  ir::Model m;
+  explicit TargetGraph(bool target_out) {
+    m.set_opset("", 17);
+    ir::Graph& g = *m.graph;
+    ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, {ir::Dim::symbol("N"), ir::Dim::fixed(4)}));
+    g.add_input(x);
+    ir::Value* s = g.add_value("s");
+    g.add_node("Shape", {x}, {s}, "shape");
+    ir::Value* target = g.add_value("target");
+    g.add_node("Concat", {s, g.add_initializer("one", Tensor::from<int64_t>({1}, {1}))}, {target}, "concat")
+        ->set_attr(ir::Attribute::make_int("axis", 0));
+    ir::Value* y = g.add_value("y");
+    g.add_node("Reshape", {x, target}, {y}, "reshape");
+    g.add_output(y);
+    if (target_out) {
+      ir::Value* t = g.add_value("t");
+      g.add_node("Identity", {target}, {t}, "identity");
+      g.add_output(t);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("what the caller writes into its results never reaches a later run", "[shape_value_cache]") {
+  const Tensor a = test::random_tensor({2, 4}, 1);
+  SECTION("a graph output that is a view of a kept value") {
+    TargetGraph t(true);
+    rt::Executor exec(t.m, options(true));
+    exec.run({{"x", a}});
+    std::vector<Tensor> out = exec.run({{"x", a}});  // the target is reused here
+    REQUIRE(out.size() == 2);
+    REQUIRE(out[1].numel() == 3);
+    out[1].data<int64_t>()[0] = 8;
+    out[1].data<int64_t>()[1] = 1;
+    const std::vector<Tensor> again = exec.run({{"x", a}});
+    CHECK(again[0].shape() == Shape{2, 4, 1});
+    CHECK(again[1].data<int64_t>()[0] == 2);
+  }
+  SECTION("a kept value asked for as an extra value") {
+    TargetGraph t(false);
+    rt::Executor exec(t.m, options(true));
+    exec.run({{"x", a}});
+    std::vector<Tensor> extra;
+    exec.run({{"x", a}}, {"target"}, &extra);
+    REQUIRE(extra.size() == 1);
+    extra[0].data<int64_t>()[0] = 8;
+    extra[0].data<int64_t>()[1] = 1;
+    CHECK(exec.run({{"x", a}})[0].shape() == Shape{2, 4, 1});
+    CHECK(reused_in_run(exec, t.m, a) == 2);
+  }
+}
+
+TEST_CASE("a kept value is never a view of a feed the caller writes into", "[shape_value_cache]") {
+  // d: an input with a default (a small constant the caller may feed). w = Reshape(d, Shape(x)) is
+  // a view of the feed; Add(w, w) and its Cast are kept steps reading it.
+  ir::Model m;
+  m.set_opset("", 17);
+  ir::Graph& g = *m.graph;
+  ir::Value* x = g.add_value("x", ir::ValueType::tensor(DType::Float32, {ir::Dim::symbol("N"), ir::Dim::fixed(4)}));
+  g.add_input(x);
+  ir::Value* d = g.add_initializer("d", Tensor::from<int64_t>({4}, {1, 2, 3, 4}));
+  g.add_input(d);
+  ir::Value* s = g.add_value("s");
+  g.add_node("Shape", {x}, {s}, "shape");
+  ir::Value* w = g.add_value("w");
+  g.add_node("Reshape", {d, s}, {w}, "reshape");
+  ir::Value* twice = g.add_value("twice");
+  g.add_node("Add", {w, w}, {twice}, "add");
+  ir::Value* z = g.add_value("z");
+  g.add_node("Cast", {twice}, {z}, "cast")->set_attr(ir::Attribute::make_int("to", 1));
+  ir::Value* out = g.add_value("out");
+  g.add_node("Add", {x, z}, {out}, "add_x");
+  g.add_output(out);
+  rt::Executor exec(m, options(true));
+  rt::Executor plain(m, options(false));
+  const Tensor a = Tensor::zeros(DType::Float32, {1, 4});
+  Tensor feed = Tensor::from<int64_t>({4}, {1, 2, 3, 4});
+  CHECK(exec.run({{"x", a}, {"d", feed}})[0].data<float>()[0] == 2.0f);
+  CHECK(exec.run({{"x", a}, {"d", feed}})[0].data<float>()[0] == 2.0f);
+  // The caller writes new values into the buffer it feeds.
+  for (int i = 0; i < 4; ++i) feed.data<int64_t>()[i] = 10 * (i + 1);
+  const std::vector<Tensor> got = exec.run({{"x", a}, {"d", feed}});
+  const std::vector<Tensor> want = plain.run({{"x", a}, {"d", feed}});
+  CHECK(want[0].data<float>()[0] == 20.0f);
+  CHECK(same_bits(got[0], want[0]));
 }
