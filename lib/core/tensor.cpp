@@ -186,22 +186,41 @@ class ControlBlocks {
   ControlBlocks() { t_control_state = 1; }
   ~ControlBlocks() {
     t_control_state = 2;
-    for (void* p : free_) ::operator delete(p);
+    release();
   }
   void* take() {
+    sync();
     if (free_.empty()) return ::operator new(kBytes);
     void* p = free_.back();
     free_.pop_back();
     return p;
   }
   void give(void* p) {
+    sync();
     if (free_.size() >= kMaxKept) return ::operator delete(p);
-    free_.push_back(p);
+    try {
+      free_.push_back(p);
+    } catch (...) {  // called while a tensor is freed: growing the list must not throw from there
+      ::operator delete(p);
+    }
   }
 
  private:
+  // host_cache_trim() empties this list too, at the thread's next allocation or free.
+  void sync() {
+    const uint64_t g = g_trim_generation.load(std::memory_order_relaxed);
+    if (g == generation_) return;
+    release();
+    generation_ = g;
+  }
+  void release() {
+    for (void* p : free_) ::operator delete(p);
+    free_.clear();
+    free_.shrink_to_fit();
+  }
   static constexpr size_t kMaxKept = size_t{1} << 16;
   std::vector<void*> free_;
+  uint64_t generation_ = g_trim_generation.load(std::memory_order_relaxed);
 };
 
 thread_local ControlBlocks t_control_blocks;

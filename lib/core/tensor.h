@@ -27,7 +27,8 @@ std::shared_ptr<void> host_alloc(size_t bytes);
 // Bytes currently held in the shared cache (not in use); for tests and memory reports. Each
 // thread also keeps up to 64 MiB of the blocks it freed, for itself, outside this count.
 size_t host_cache_bytes();
-// Frees the shared cache now, and each thread's own blocks at its next allocation or free.
+// Frees the shared cache now, and each thread's own blocks (and its spare shared_ptr control
+// blocks) at its next allocation or free.
 void host_cache_trim();
 // Bytes of host tensor memory handed out and not yet returned (in size classes), and the largest
 // that figure has been since the last reset: the training engine reports its peak activation and

@@ -37,21 +37,54 @@ TEST_CASE("a freed host block comes back for its size and holds every byte asked
 
 TEST_CASE("host blocks and their control blocks freed on another thread are reused safely", "[memory]") {
   const size_t in_use = host_bytes_in_use();
-  std::vector<Tensor> made;
-  for (int i = 0; i < 200; ++i) made.push_back(Tensor::zeros(DType::Float32, {i % 7 + 1, 33}));
-  // Freed by another thread: the blocks and control blocks go to that thread's lists.
-  std::thread other([moved = std::move(made)]() mutable { moved.clear(); });
-  other.join();
-  CHECK(host_bytes_in_use() == in_use);
-  for (int round = 0; round < 3; ++round) {
-    std::vector<Tensor> again;
-    for (int i = 0; i < 300; ++i) {
-      again.push_back(Tensor::zeros(DType::Int64, {i % 5 + 1}));
-      CHECK(again.back().data<int64_t>()[0] == 0);
+  // Sizes in the classes from 288 to 960 bytes and a few larger ones.
+  std::vector<size_t> sizes;
+  for (size_t b = 257; b < 1000; b += 29) sizes.push_back(b);
+  for (size_t b = 4000; b < 200000; b = b * 3 / 2 + 7) sizes.push_back(b);
+  auto fill = [&](std::vector<std::shared_ptr<void>>& blocks, unsigned char v) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      blocks.push_back(host_alloc(sizes[i]));
+      std::memset(blocks.back().get(), v, sizes[i]);
     }
-    std::vector<Tensor> copies = again;  // shared owners: freed only with the last one
-    again.clear();
-    for (const Tensor& t : copies) CHECK(t.data<int64_t>()[t.numel() - 1] == 0);
-  }
+  };
+  auto check = [&](const std::vector<std::shared_ptr<void>>& blocks, unsigned char v) {
+    int64_t bad = 0;
+    for (size_t i = 0; i < blocks.size(); ++i)
+      for (size_t k = 0; k < sizes[i]; ++k) bad += static_cast<const unsigned char*>(blocks[i].get())[k] != v;
+    return bad;
+  };
+  std::vector<std::shared_ptr<void>> made_here;
+  fill(made_here, 1);
+  std::vector<std::shared_ptr<void>> made_there;
+  int64_t bad_there = -1;  // Catch's assertions are for the main thread only
+  std::thread other([&] {
+    made_here.clear();  // made on the main thread, freed here: into this thread's lists
+    fill(made_there, 2);  // taken back from those lists (same sizes)
+    bad_there = check(made_there, 2);
+  });
+  other.join();  // its remaining lists go to the shared cache
+  CHECK(bad_there == 0);
+  // Freed here, made there; then everything taken again here, every byte written and read back.
+  CHECK(check(made_there, 2) == 0);
+  made_there.clear();
+  std::vector<std::shared_ptr<void>> again;
+  fill(again, 3);
+  CHECK(check(again, 3) == 0);
+  again.clear();
+  // The same through tensors, whose control blocks come from the per-thread lists.
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 200; ++i) tensors.push_back(Tensor::zeros(DType::Float32, {i % 7 + 1, 33}));
+  int bad_tensors = -1;
+  std::thread freer([&bad_tensors, moved = std::move(tensors)]() mutable {
+    moved.clear();
+    std::vector<Tensor> mine;
+    for (int i = 0; i < 300; ++i) mine.push_back(Tensor::from<int64_t>({2}, {i, -i}));
+    std::vector<Tensor> copies = mine;  // shared owners: freed with the last one
+    mine.clear();
+    bad_tensors = 0;
+    for (int i = 0; i < 300; ++i) bad_tensors += copies[static_cast<size_t>(i)].data<int64_t>()[1] != -i;
+  });
+  freer.join();
+  CHECK(bad_tensors == 0);
   CHECK(host_bytes_in_use() == in_use);
 }
