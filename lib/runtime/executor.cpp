@@ -91,26 +91,19 @@ struct Executor::Impl : SubgraphRunner {
   Impl(const ir::Model& m, const ExecOptions& o)
       : model(m), options(o), registry(o.registry ? *o.registry : OpRegistry::global()), pool(o.threads) {
     const GraphPlan& top = plan_graph(*model.graph);
-    // options.backend is always CPU here (a CUDA Executor gives its CPU fallbacks this Impl), and
-    // run_steps runs the top-level graph only where the whole model runs on the CPU.
-    if (options.concat_in_place && concat_in_place_enabled()) {
-      std::vector<const ir::Node*> nodes;
-      std::vector<std::vector<int>> ins, outs;
-      for (const Step& step : top.steps) {
-        nodes.push_back(step.node);
-        ins.push_back(step.inputs);
-        outs.push_back(step.outputs);
-      }
-      concats.plan(nodes, ins, outs, top.slot_values.size(), top.output_slots);
+    // The top-level plan's steps, for the in-place Concats and the kept shape values. The backend
+    // is always CPU here (a CUDA Executor gives its CPU fallbacks this Impl), and run_steps runs the
+    // top-level graph only where the whole model runs on the CPU.
+    std::vector<const ir::Node*> nodes;
+    std::vector<std::vector<int>> ins, outs;
+    for (const Step& step : top.steps) {
+      nodes.push_back(step.node);
+      ins.push_back(step.inputs);
+      outs.push_back(step.outputs);
     }
+    if (options.concat_in_place && concat_in_place_enabled())
+      concats.plan(nodes, ins, outs, top.slot_values.size(), top.output_slots);
     if (options.shape_value_cache && shape_value_cache_enabled()) {
-      std::vector<const ir::Node*> nodes;
-      std::vector<std::vector<int>> ins, outs;
-      for (const Step& step : top.steps) {
-        nodes.push_back(step.node);
-        ins.push_back(step.inputs);
-        outs.push_back(step.outputs);
-      }
       shape_values.plan(nodes, ins, outs, top.slot_values.size(), top.constants, top.output_slots);
       keep_shape_values = true;
     }
