@@ -176,7 +176,7 @@ TEST_CASE("Softmax gives the same bits with its exponential built for SSE2, AVX2
     const Tensor x = test::random_tensor(shape, 90, -120, 40);
     std::vector<Tensor> outs;
     for (const rt::cpu::UnaryIsa isa : {rt::cpu::UnaryIsa::Baseline, rt::cpu::UnaryIsa::Avx2, rt::cpu::UnaryIsa::Avx512}) {
-      rt::cpu::force_unary_isa(isa);
+      if (rt::cpu::force_unary_isa(isa) != isa) WARN("this CPU lacks unary ISA " << static_cast<int>(isa));
       for (const char* op : {"Softmax", "LogSoftmax"}) outs.push_back(run1(op, x, {}, 13, 1));
     }
     for (size_t k = 2; k < outs.size(); ++k) {

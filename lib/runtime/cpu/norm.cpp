@@ -36,7 +36,7 @@ std::vector<T> param_values(const Tensor& t) {
 template <typename T>
 std::vector<T> expand_param(const KernelContext& ctx, const Tensor& t, const Shape& target, const char* what) {
   const int64_t n = shape_numel(target);
-  if (t.numel() == n && t.rank() <= static_cast<int>(target.size())) {
+  if (t.numel() == n) {
     // Same element count: accept when the shapes agree after dropping leading ones.
     Shape a = t.shape(), b = target;
     while (!a.empty() && a.front() == 1) a.erase(a.begin());
