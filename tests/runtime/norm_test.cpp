@@ -290,6 +290,10 @@ TEST_CASE("normalisation in float64", "[norm]") {
       want[static_cast<size_t>(r * 7 + i)] = (x.get_double(r * 7 + i) - m) / std::sqrt(v + double(1e-5f)) * scale.get_double(i);
   }
   check_close(y, want, 1e-12, "LayerNormalization float64");
+  // A float32 scale of shape [1, 7] for float64 X is copied (converted), with the shape accepted
+  // as the in-place path accepts it: the same values, so the same result.
+  const Tensor scale32 = scale.cast_to(DType::Float32).reshaped({1, 7});
+  check_close(run1("LayerNormalization", {x, scale32}, {}, 17), want, 1e-7, "float32 scale [1, 7] for float64 X");
 }
 
 TEST_CASE("normalisation ops reject bad nodes", "[norm]") {
