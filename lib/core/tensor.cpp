@@ -171,9 +171,6 @@ void note_alloc(size_t cls) {
   while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
-}  // namespace
-
-namespace {
 
 // The control blocks of host buffers' shared_ptrs come from a per-thread list: a node output is a
 // new tensor on every run, and its control block would otherwise be a malloc and a free each time
@@ -234,7 +231,6 @@ struct ControlBlockAllocator {
   template <typename U>
   ControlBlockAllocator(const ControlBlockAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
   T* allocate(size_t n) {
-    static_assert(sizeof(T) > 0);
     if (n * sizeof(T) > ControlBlocks::kBytes) return static_cast<T*>(::operator new(n * sizeof(T)));
     return static_cast<T*>(t_control_state == 2 ? ::operator new(ControlBlocks::kBytes) : t_control_blocks.take());
   }
@@ -243,9 +239,7 @@ struct ControlBlockAllocator {
     t_control_blocks.give(p);
   }
   template <typename U>
-  bool operator==(const ControlBlockAllocator<U>&) const { return true; }
-  template <typename U>
-  bool operator!=(const ControlBlockAllocator<U>&) const { return false; }
+  bool operator==(const ControlBlockAllocator<U>&) const { return true; }  // != follows (C++20)
 };
 
 struct HostDeleter {

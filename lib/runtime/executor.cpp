@@ -75,9 +75,8 @@ struct Executor::Impl : SubgraphRunner {
   // The top-level graph's Concats that its producers may write in place (runtime/concat_in_place.h).
   InPlaceConcats concats;
   // The top-level graph's values computed from shapes, kept between runs
-  // (runtime/shape_value_cache.h); keep_shape_values is false where the option is off.
+  // (runtime/shape_value_cache.h); empty where the option is off.
   ShapeValueCache shape_values;
-  bool keep_shape_values = false;
   static constexpr size_t kMaxSplitWeightBytes = size_t{128} << 20;  // over all the parts' copies
 
   // Runtime scope chain for subgraphs.
@@ -103,10 +102,8 @@ struct Executor::Impl : SubgraphRunner {
     }
     if (options.concat_in_place && concat_in_place_enabled())
       concats.plan(nodes, ins, outs, top.slot_values.size(), top.output_slots);
-    if (options.shape_value_cache && shape_value_cache_enabled()) {
+    if (options.shape_value_cache && shape_value_cache_enabled())
       shape_values.plan(nodes, ins, outs, top.slot_values.size(), top.constants, top.output_slots);
-      keep_shape_values = true;
-    }
   }
 
   // Runs the batch in parts, part k on pool thread k by its own single-thread executor, and joins
@@ -294,7 +291,7 @@ struct Executor::Impl : SubgraphRunner {
     std::vector<Tensor> outs_store;
     const bool top_level = plan.graph == model.graph.get();
     const bool in_place = top_level && !concats.empty();
-    const bool kept_values = top_level && keep_shape_values;
+    const bool kept_values = top_level && !shape_values.empty();
     std::vector<Tensor> preferred;
     if (in_place) concats.begin_run();
     for (const Step& step : plan.steps) {
@@ -321,7 +318,7 @@ struct Executor::Impl : SubgraphRunner {
           if (reusable_here[i] && keep_extra->count(step.inputs[i])) reusable_here[i] = 0;
         ctx.set_reusable(&reusable_here);
       }
-      const bool timed = profiling && plan.graph == model.graph.get();
+      const bool timed = profiling && top_level;
       const size_t step_index = static_cast<size_t>(&step - plan.steps.data());
       // A step the plan found computing from shapes stays out of the in-place Concats even once it
       // is no longer kept, so that those decisions never change between runs.
@@ -555,7 +552,7 @@ std::vector<Tensor> Executor::run(const Feeds& feeds, const std::vector<std::str
   // A result that shares a kept value's buffer (a view of it, or the value itself as an extra
   // value) goes to the caller as a copy: what the caller writes must not reach a later run.
   auto handed_out = [&](const Tensor& t) {
-    return impl_->keep_shape_values && t.numel() <= ShapeValueCache::kMaxValues && impl_->shape_values.shares_buffer(t)
+    return !impl_->shape_values.empty() && t.numel() <= ShapeValueCache::kMaxValues && impl_->shape_values.shares_buffer(t)
                ? t.clone()
                : t;
   };

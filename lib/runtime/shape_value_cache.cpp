@@ -48,6 +48,7 @@ void ShapeValueCache::plan(const std::vector<const ir::Node*>& nodes, const std:
                            const std::vector<std::pair<int, Tensor>>& constants,
                            const std::vector<int>& graph_outputs) {
   steps_.assign(nodes.size(), Step{});
+  any_planned_ = false;
   // Per slot: the planned step that computes it (-1 for none), and whether it is a small constant.
   std::vector<int> producer(slots, -1);
   std::vector<char> small_constant(slots, 0);
@@ -77,7 +78,7 @@ void ShapeValueCache::plan(const std::vector<const ir::Node*>& nodes, const std:
       if (s >= 0 && is_output[static_cast<size_t>(s)]) qualifies = false;
     if (!qualifies) continue;
     Step& st = steps_[i];
-    st.planned = st.eligible = true;
+    st.planned = st.eligible = any_planned_ = true;
     st.shape_only = shape_only;
     if (!shape_only)
       for (int s : inputs[i]) st.producer.push_back(s >= 0 ? producer[static_cast<size_t>(s)] : -1);

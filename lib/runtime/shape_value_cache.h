@@ -41,6 +41,8 @@ class ShapeValueCache {
   void plan(const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<int>>& inputs,
             const std::vector<std::vector<int>>& outputs, size_t slots,
             const std::vector<std::pair<int, Tensor>>& constants, const std::vector<int>& graph_outputs);
+  // No step of the plan computes from shapes only (or it was never planned): nothing to do.
+  bool empty() const { return !any_planned_; }
   // Whether the plan found step `step` computing from shapes only (fixed once planned).
   bool planned_step(int step) const {
     return step < static_cast<int>(steps_.size()) && steps_[static_cast<size_t>(step)].planned;
@@ -77,6 +79,7 @@ class ShapeValueCache {
   };
   void drop(Step& st);
   std::vector<Step> steps_;
+  bool any_planned_ = false;
   uint64_t next_version_ = 0;
 };
 

@@ -32,17 +32,20 @@ std::vector<T> param_values(const Tensor& t) {
   return v;
 }
 
+// Whether a parameter of shape `a` holds the values of `b` in order: the same shape once leading
+// ones are dropped from both.
+bool same_but_leading_ones(const Shape& a, const Shape& b) {
+  auto i = a.begin(), j = b.begin();
+  while (i != a.end() && *i == 1) ++i;
+  while (j != b.end() && *j == 1) ++j;
+  return std::equal(i, a.end(), j, b.end());
+}
+
 // `t` broadcast (numpy rules, unidirectionally) to `target`, flattened.
 template <typename T>
 std::vector<T> expand_param(const KernelContext& ctx, const Tensor& t, const Shape& target, const char* what) {
   const int64_t n = shape_numel(target);
-  if (t.numel() == n) {
-    // Same element count: accept when the shapes agree after dropping leading ones.
-    Shape a = t.shape(), b = target;
-    while (!a.empty() && a.front() == 1) a.erase(a.begin());
-    while (!b.empty() && b.front() == 1) b.erase(b.begin());
-    if (a == b) return param_values<T>(t);
-  }
+  if (same_but_leading_ones(t.shape(), target)) return param_values<T>(t);
   Shape shape = broadcast_shapes(ctx, {&t.shape(), &target});
   if (shape != target) ctx.fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(target));
   std::vector<T> src = param_values<T>(t);
@@ -70,12 +73,7 @@ std::vector<T> expand_param(const KernelContext& ctx, const Tensor& t, const Sha
 template <typename T>
 const T* param_row(const KernelContext& ctx, const Tensor& t, const Shape& target, const char* what,
                    std::vector<T>& storage) {
-  if (t.dtype() == dtype_of<T> && t.numel() == shape_numel(target)) {
-    auto a = t.shape().begin(), b = target.begin();
-    while (a != t.shape().end() && *a == 1) ++a;
-    while (b != target.end() && *b == 1) ++b;
-    if (std::equal(a, t.shape().end(), b, target.end())) return t.data<T>();
-  }
+  if (t.dtype() == dtype_of<T> && same_but_leading_ones(t.shape(), target)) return t.data<T>();
   storage = expand_param<T>(ctx, t, target, what);
   return storage.data();
 }
