@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "runtime/cuda/context.h"
+#include "runtime/blas_kernels.h"
 #include "runtime/devices.h"
 
 namespace mpq::cli {
@@ -16,9 +17,11 @@ void setup_devices(CLI::App& sub, Action& action) {
   sub.callback([&action, json] {
     action = [json] {
       rt::DeviceReport d = rt::query_devices();
+      const rt::BlasKernels& blas = rt::ensure_blas_kernels();
       if (*json) {
         nlohmann::json j;
         j["cpu"] = true;
+        j["blas_kernels"] = {{"detected", blas.detected}, {"active", blas.active}, {"reason", blas.reason}};
         j["cuda_built"] = d.cuda_built;
         j["cuda_runtime_version"] = d.cuda_runtime_version;
         j["cuda_driver_version"] = d.cuda_driver_version;
@@ -33,6 +36,12 @@ void setup_devices(CLI::App& sub, Action& action) {
         return 0;
       }
       std::cout << "cpu: available\n";
+      if (!blas.active.empty()) {
+        if (blas.active != blas.detected)
+          std::cout << fmt::format("cpu: OpenBLAS kernels {} (it picked {}: {})\n", blas.active, blas.detected, blas.reason);
+        else
+          std::cout << fmt::format("cpu: OpenBLAS kernels {} ({})\n", blas.active, blas.reason);
+      }
       if (!d.cuda_built) {
         std::cout << "cuda: " << d.cuda_unavailable_reason << "\n";
         return 0;

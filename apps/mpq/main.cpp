@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/blas_kernels.h"
 #include "runtime/devices.h"
 
 namespace mpq::cli {
@@ -146,6 +147,7 @@ void set_runtime_environment(char** argv) {
 int main(int argc, char** argv) {
   using namespace mpq;
   set_runtime_environment(argv);
+  rt::ensure_blas_kernels();  // before any thread exists (it sets and clears an environment variable)
   cli::set_command_line(argc, argv);
   CLI::App app{"mpq: convert, quantize, fine-tune (QAT) and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};

@@ -1,5 +1,7 @@
 #include "runtime/thread_pool.h"
 
+#include "runtime/blas_kernels.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -30,6 +32,9 @@ ThreadPool::ThreadPool(int threads) : threads_(threads <= 0 ? hardware_threads()
   // GEMM); large GEMMs are split over the pool instead (runtime/cpu/conv_common.h). The setting is
   // global to the process, and the same for every pool.
   openblas_set_num_threads(1);
+  // Every GEMM the kernels run goes through a pool; the first one repairs OpenBLAS's kernel choice
+  // on CPUs it does not know (runtime/blas_kernels.h) before any of them runs.
+  ensure_blas_kernels();
 }
 
 bool ThreadPool::inside_parallel_loop() { return t_loop_depth > 0 || omp_in_parallel() != 0; }

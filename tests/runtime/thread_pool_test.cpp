@@ -2,16 +2,22 @@
 // once at 1-4 threads, chunks respect the grain, a nested loop runs inline on the calling thread,
 // the first exception of a chunk reaches the caller and the pool stays usable; blas_gemm_split and
 // blas_gemm_rows against a naive float64 product for odd shapes, both transposes, splits along M
-// and along N, at 1-3 threads, and the same bits as one unsplit GEMM on each piece.
+// and along N, at 1-3 threads, and the same bits as one unsplit GEMM on each piece. OpenBLAS's
+// kernel set after a pool exists: never its SSE3 fall-back on a CPU with AVX, and its GEMMs still
+// right after the switch.
 #include <catch2/catch.hpp>
 
+#include <cblas.h>
 #include <omp.h>
+#include <strings.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/blas_kernels.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/thread_pool.h"
 
@@ -203,4 +209,50 @@ TEST_CASE("a GEMM split inside a parallel loop runs as one call on that thread",
       rt::cpu::blas_gemm_split(pool, false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nested.data(), n);
   });
   REQUIRE(nested == direct);
+}
+
+TEST_CASE("OpenBLAS runs the kernels this CPU's features allow once a pool exists", "[thread_pool][gemm]") {
+  rt::ThreadPool pool(1);
+  const rt::BlasKernels& k = rt::ensure_blas_kernels();
+  INFO("detected " << k.detected << ", active " << k.active << " (" << k.reason << ")");
+  REQUIRE(&k == &rt::ensure_blas_kernels());  // selected once
+  REQUIRE(k.active == openblas_get_corename());
+  const std::string wanted = rt::blas_kernels_for_this_cpu();
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && !wanted.empty() && !k.detected.empty()) {
+    // OpenBLAS's own pick is kept unless it was the fall-back for an unknown model; that one is
+    // replaced by the set the features allow.
+    REQUIRE(strcasecmp(k.active.c_str(), "Prescott") != 0);
+    if (strcasecmp(k.detected.c_str(), "Prescott") == 0) {
+      REQUIRE(strcasecmp(k.active.c_str(), wanted.c_str()) == 0);
+    } else {
+      REQUIRE(k.active == k.detected);
+    }
+  } else {
+    WARN("OpenBLAS's kernel choice not checked: OPENBLAS_CORETYPE set, no AVX, or no run-time selection");
+  }
+  REQUIRE(!k.reason.empty());
+
+  // The switched kernels compute: odd shapes, both transposes, against a float64 product.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int m = 37, n = 53, kk = 29;
+      std::vector<float> a(static_cast<size_t>(m * kk)), b(static_cast<size_t>(kk * n)), c(static_cast<size_t>(m * n), 0.f);
+      for (float& v : a) v = dist(rng);
+      for (float& v : b) v = dist(rng);
+      const int lda = ta ? m : kk, ldb = tb ? kk : n;
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, kk, 1.f, a.data(),
+                  lda, b.data(), ldb, 0.f, c.data(), n);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double ref = 0;
+          for (int p = 0; p < kk; ++p)
+            ref += static_cast<double>(ta ? a[static_cast<size_t>(p * m + i)] : a[static_cast<size_t>(i * kk + p)]) *
+                   static_cast<double>(tb ? b[static_cast<size_t>(j * kk + p)] : b[static_cast<size_t>(p * n + j)]);
+          REQUIRE(std::abs(c[static_cast<size_t>(i * n + j)] - ref) <= 1e-5 * kk);
+        }
+      }
+    }
+  }
 }

@@ -1,0 +1,85 @@
+#include "runtime/blas_kernels.h"
+
+#include <spdlog/spdlog.h>
+#include <strings.h>
+
+#include <cstdlib>
+#include <mutex>
+
+// OpenBLAS's run-time kernel selection (DYNAMIC_ARCH builds only). Declared weak so that a build
+// linked against an OpenBLAS without it (or another BLAS) still links; then nothing is changed.
+extern "C" {
+char* openblas_get_corename(void) __attribute__((weak));
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
+}
+
+namespace mpq::rt {
+
+std::string blas_kernels_for_this_cpu() {
+  __builtin_cpu_init();
+  // OpenBLAS's SkylakeX kernels use AVX-512 F, CD, BW, DQ and VL (the Skylake server set); GCC's
+  // checks include the operating system's support for the wider register state.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  if (__builtin_cpu_supports("avx")) return "Sandybridge";
+  return "";
+}
+
+namespace {
+
+std::string current_corename() {
+  if (openblas_get_corename == nullptr) return "";
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
+}
+
+BlasKernels select_once() {
+  BlasKernels k;
+  k.detected = current_corename();
+  k.active = k.detected;
+  if (openblas_get_corename == nullptr || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+    k.reason = "this BLAS does not choose its kernels at run time";
+    return k;
+  }
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) {
+    k.reason = "OPENBLAS_CORETYPE is set";
+    return k;
+  }
+  // Prescott is OpenBLAS's fall-back for a CPU model missing from its table. On a CPU with AVX
+  // (anything since 2011) it cannot be the right pick; anything else OpenBLAS chose is kept.
+  if (strcasecmp(k.detected.c_str(), "Prescott") != 0) {
+    k.reason = "OpenBLAS recognised this CPU";
+    return k;
+  }
+  const std::string wanted = blas_kernels_for_this_cpu();
+  if (wanted.empty()) {
+    k.reason = "this CPU has no AVX";
+    return k;
+  }
+  // gotoblas_dynamic_init() does nothing while a kernel set is selected, and reads
+  // OPENBLAS_CORETYPE as it does at load time. The variable is removed again so that it does not
+  // reach child processes, which select for themselves.
+  setenv("OPENBLAS_CORETYPE", wanted.c_str(), 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  k.active = current_corename();
+  k.reason = "OpenBLAS did not know this CPU model and fell back to its SSE3 (Prescott) kernels";
+  if (strcasecmp(k.active.c_str(), wanted.c_str()) != 0)
+    spdlog::warn("OpenBLAS: asked for its {} kernels, runs {}", wanted, k.active);
+  return k;
+}
+
+}  // namespace
+
+const BlasKernels& ensure_blas_kernels() {
+  static std::once_flag once;
+  static BlasKernels kernels;
+  std::call_once(once, [] { kernels = select_once(); });
+  return kernels;
+}
+
+}  // namespace mpq::rt
