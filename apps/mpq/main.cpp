@@ -147,7 +147,9 @@ void set_runtime_environment(char** argv) {
 int main(int argc, char** argv) {
   using namespace mpq;
   set_runtime_environment(argv);
-  rt::ensure_blas_kernels();  // before any thread exists (it sets and clears an environment variable)
+  // First, while the only other threads are OpenBLAS's idle workers (they read no environment and
+  // run no GEMM): it may swap OpenBLAS's kernel table and sets and clears an environment variable.
+  rt::ensure_blas_kernels();
   cli::set_command_line(argc, argv);
   CLI::App app{"mpq: convert, quantize, fine-tune (QAT) and validate ONNX models (FP16/BF16, INT8 QDQ), no Python needed.\n"
                "Example: mpq inspect model.onnx"};

@@ -7,7 +7,7 @@
 #include <mutex>
 
 // OpenBLAS's run-time kernel selection (DYNAMIC_ARCH builds only). Declared weak so that a build
-// linked against an OpenBLAS without it (or another BLAS) still links; then nothing is changed.
+// linked against an OpenBLAS built without DYNAMIC_ARCH still links; then nothing is changed.
 extern "C" {
 char* openblas_get_corename(void) __attribute__((weak));
 void gotoblas_dynamic_init(void) __attribute__((weak));
@@ -19,7 +19,9 @@ namespace mpq::rt {
 std::string blas_kernels_for_this_cpu() {
   __builtin_cpu_init();
   // OpenBLAS's SkylakeX kernels use AVX-512 F, CD, BW, DQ and VL (the Skylake server set); GCC's
-  // checks include the operating system's support for the wider register state.
+  // checks include the operating system's support for the wider register state. Not Cooperlake:
+  // in 0.3.21 it adds only bfloat16 GEMMs (its sgemm is SkylakeX's), and OPENBLAS_CORETYPE cannot
+  // name it there (force_coretype stops one entry short of it).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     return "SkylakeX";
@@ -36,7 +38,9 @@ std::string current_corename() {
   return name == nullptr ? "" : name;
 }
 
-BlasKernels select_once() {
+}  // namespace
+
+BlasKernels select_blas_kernels() {
   BlasKernels k;
   k.detected = current_corename();
   k.active = k.detected;
@@ -68,17 +72,17 @@ BlasKernels select_once() {
   unsetenv("OPENBLAS_CORETYPE");
   k.active = current_corename();
   k.reason = "OpenBLAS did not know this CPU model and fell back to its SSE3 (Prescott) kernels";
-  if (strcasecmp(k.active.c_str(), wanted.c_str()) != 0)
+  if (strcasecmp(k.active.c_str(), wanted.c_str()) != 0) {
+    k.reason = "OpenBLAS fell back to its SSE3 (Prescott) kernels; asked for " + wanted + ", it kept " + k.active;
     spdlog::warn("OpenBLAS: asked for its {} kernels, runs {}", wanted, k.active);
+  }
   return k;
 }
-
-}  // namespace
 
 const BlasKernels& ensure_blas_kernels() {
   static std::once_flag once;
   static BlasKernels kernels;
-  std::call_once(once, [] { kernels = select_once(); });
+  std::call_once(once, [] { kernels = select_blas_kernels(); });
   return kernels;
 }
 

@@ -5,11 +5,13 @@
 // CPU's family and model numbers. A model it does not know falls back to the Prescott kernels,
 // written for SSE3. This happens on the AVX-512 Xeon these benchmarks run on (family 6, model 207,
 // newer than the release): every sgemm then ran at a fraction of the speed the CPU's AVX-512 gives.
-// ensure_blas_kernels() repairs exactly that case: where OpenBLAS fell back to Prescott on a CPU
-// that has AVX2 or AVX-512 (so its model is simply newer than the table), it selects the kernel set
-// the CPU's features allow (SkylakeX, Haswell or Sandybridge), as OPENBLAS_CORETYPE would at load
-// time. Any other pick, an OPENBLAS_CORETYPE the user set, or a build without run-time kernel
-// selection is left alone; OPENBLAS_CORETYPE=Prescott keeps the old kernels.
+// OpenBLAS reaches Prescott from the family-6 branch of its model table, before its own
+// feature-based fall-back (SkylakeX, Haswell, ...) is ever consulted; so Prescott on a CPU with AVX
+// can only mean "model unknown". ensure_blas_kernels() repairs exactly that case: it selects the
+// kernel set the CPU's features allow (SkylakeX, Haswell or Sandybridge), as OPENBLAS_CORETYPE
+// would at load time. Any other pick, an OPENBLAS_CORETYPE the user set, or an OpenBLAS built
+// without run-time kernel selection is left alone; OPENBLAS_CORETYPE=Prescott keeps the old
+// kernels. An OpenBLAS that knows the model makes all of this a no-op.
 #include <string>
 
 namespace mpq::rt {
@@ -20,9 +22,15 @@ struct BlasKernels {
   std::string reason;    // why they differ, or why nothing was changed
 };
 
-// Idempotent and cheap after the first call; the first call must come before any other thread
-// calls BLAS (ThreadPool's constructor and mpq's main call it).
+// Idempotent and cheap after the first call. The first call swaps OpenBLAS's kernel table (for a
+// moment there is none) and sets and clears an environment variable, so it must come before any
+// other thread calls BLAS or reads the environment: mpq's main calls it first thing, and
+// ThreadPool's constructor, before any GEMM, for programs that use the library directly.
 const BlasKernels& ensure_blas_kernels();
+
+// The selection itself, uncached: the test simulates the fall-back (OPENBLAS_CORETYPE=Prescott
+// selected through OpenBLAS's own entry points) and checks that this repairs it. Same contract.
+BlasKernels select_blas_kernels();
 
 // The kernel set the CPU's features allow ("SkylakeX", "Haswell", "Sandybridge"), or "" when it has
 // no AVX. Exposed for the test.

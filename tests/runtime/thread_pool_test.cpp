@@ -11,7 +11,9 @@
 #include <omp.h>
 #include <strings.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
@@ -211,14 +213,53 @@ TEST_CASE("a GEMM split inside a parallel loop runs as one call on that thread",
   REQUIRE(nested == direct);
 }
 
+namespace {
+
+extern "C" {
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
+}
+
+// cblas_sgemm against a float64 product, both transposes: one small shape (OpenBLAS's small-matrix
+// kernels) and one past its blocking sizes, which the kernel set's init() sets.
+void check_sgemm(int m, int n, int kk) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      std::vector<float> a(static_cast<size_t>(m) * kk), b(static_cast<size_t>(kk) * n), c(static_cast<size_t>(m) * n, 0.f);
+      for (float& v : a) v = dist(rng);
+      for (float& v : b) v = dist(rng);
+      const int lda = ta ? m : kk, ldb = tb ? kk : n;
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, kk, 1.f, a.data(),
+                  lda, b.data(), ldb, 0.f, c.data(), n);
+      std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
+      for (int i = 0; i < m; ++i)
+        for (int p = 0; p < kk; ++p) {
+          const double av = ta ? a[static_cast<size_t>(p) * m + i] : a[static_cast<size_t>(i) * kk + p];
+          double* row = ref.data() + static_cast<size_t>(i) * n;
+          for (int j = 0; j < n; ++j) row[j] += av * (tb ? b[static_cast<size_t>(j) * kk + p] : b[static_cast<size_t>(p) * n + j]);
+        }
+      double worst = 0;
+      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(c[i] - ref[i]));
+      INFO("sgemm " << m << "x" << n << "x" << kk << " ta " << ta << " tb " << tb);
+      REQUIRE(worst <= 2e-6 * kk);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("OpenBLAS runs the kernels this CPU's features allow once a pool exists", "[thread_pool][gemm]") {
   rt::ThreadPool pool(1);
   const rt::BlasKernels& k = rt::ensure_blas_kernels();
   INFO("detected " << k.detected << ", active " << k.active << " (" << k.reason << ")");
   REQUIRE(&k == &rt::ensure_blas_kernels());  // selected once
   REQUIRE(k.active == openblas_get_corename());
+  REQUIRE(!k.reason.empty());
   const std::string wanted = rt::blas_kernels_for_this_cpu();
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && !wanted.empty() && !k.detected.empty()) {
+  const bool user_choice = std::getenv("OPENBLAS_CORETYPE") != nullptr;
+  if (!user_choice && !wanted.empty() && !k.detected.empty()) {
     // OpenBLAS's own pick is kept unless it was the fall-back for an unknown model; that one is
     // replaced by the set the features allow.
     REQUIRE(strcasecmp(k.active.c_str(), "Prescott") != 0);
@@ -227,32 +268,34 @@ TEST_CASE("OpenBLAS runs the kernels this CPU's features allow once a pool exist
     } else {
       REQUIRE(k.active == k.detected);
     }
-  } else {
-    WARN("OpenBLAS's kernel choice not checked: OPENBLAS_CORETYPE set, no AVX, or no run-time selection");
   }
-  REQUIRE(!k.reason.empty());
+  check_sgemm(37, 53, 29);
+  check_sgemm(300, 260, 520);
 
-  // The switched kernels compute: odd shapes, both transposes, against a float64 product.
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  for (int ta = 0; ta < 2; ++ta) {
-    for (int tb = 0; tb < 2; ++tb) {
-      const int m = 37, n = 53, kk = 29;
-      std::vector<float> a(static_cast<size_t>(m * kk)), b(static_cast<size_t>(kk * n)), c(static_cast<size_t>(m * n), 0.f);
-      for (float& v : a) v = dist(rng);
-      for (float& v : b) v = dist(rng);
-      const int lda = ta ? m : kk, ldb = tb ? kk : n;
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, kk, 1.f, a.data(),
-                  lda, b.data(), ldb, 0.f, c.data(), n);
-      for (int i = 0; i < m; ++i) {
-        for (int j = 0; j < n; ++j) {
-          double ref = 0;
-          for (int p = 0; p < kk; ++p)
-            ref += static_cast<double>(ta ? a[static_cast<size_t>(p * m + i)] : a[static_cast<size_t>(i * kk + p)]) *
-                   static_cast<double>(tb ? b[static_cast<size_t>(j * kk + p)] : b[static_cast<size_t>(p * n + j)]);
-          REQUIRE(std::abs(c[static_cast<size_t>(i * n + j)] - ref) <= 1e-5 * kk);
-        }
-      }
-    }
+  if (user_choice || wanted.empty() || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+    WARN("the fall-back repair is not exercised: OPENBLAS_CORETYPE set, no AVX, or no run-time kernel selection");
+    return;
   }
+  // The fall-back on any machine: select Prescott through OpenBLAS's own entry points, as it does
+  // for a model it does not know, then repair it; the repaired kernels compute.
+  const std::string before = openblas_get_corename();
+  setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  REQUIRE(strcasecmp(openblas_get_corename(), "Prescott") == 0);
+  check_sgemm(37, 53, 29);
+  const rt::BlasKernels repaired = rt::select_blas_kernels();
+  INFO("repaired: detected " << repaired.detected << ", active " << repaired.active << " (" << repaired.reason << ")");
+  REQUIRE(strcasecmp(repaired.detected.c_str(), "Prescott") == 0);
+  REQUIRE(strcasecmp(repaired.active.c_str(), wanted.c_str()) == 0);
+  REQUIRE(std::getenv("OPENBLAS_CORETYPE") == nullptr);  // not left for child processes
+  check_sgemm(300, 260, 520);
+  if (strcasecmp(before.c_str(), repaired.active.c_str()) != 0) {  // leave the process as it was
+    setenv("OPENBLAS_CORETYPE", before.c_str(), 1);
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+  }
+  REQUIRE(before == openblas_get_corename());
 }
