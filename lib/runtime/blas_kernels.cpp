@@ -38,13 +38,29 @@ std::string current_corename() {
   return name == nullptr ? "" : name;
 }
 
+bool runtime_selection() {
+  return openblas_get_corename != nullptr && gotoblas_dynamic_init != nullptr && gotoblas_dynamic_quit != nullptr;
+}
+
 }  // namespace
+
+std::string switch_blas_kernels(const std::string& name) {
+  if (!runtime_selection()) return "";
+  // gotoblas_dynamic_init() does nothing while a kernel set is selected, and reads
+  // OPENBLAS_CORETYPE as it does at load time. The variable is removed again so that it does not
+  // reach child processes, which select for themselves.
+  setenv("OPENBLAS_CORETYPE", name.c_str(), 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  return current_corename();
+}
 
 BlasKernels select_blas_kernels() {
   BlasKernels k;
   k.detected = current_corename();
   k.active = k.detected;
-  if (openblas_get_corename == nullptr || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+  if (!runtime_selection()) {
     k.reason = "this BLAS does not choose its kernels at run time";
     return k;
   }
@@ -63,14 +79,7 @@ BlasKernels select_blas_kernels() {
     k.reason = "this CPU has no AVX";
     return k;
   }
-  // gotoblas_dynamic_init() does nothing while a kernel set is selected, and reads
-  // OPENBLAS_CORETYPE as it does at load time. The variable is removed again so that it does not
-  // reach child processes, which select for themselves.
-  setenv("OPENBLAS_CORETYPE", wanted.c_str(), 1);
-  gotoblas_dynamic_quit();
-  gotoblas_dynamic_init();
-  unsetenv("OPENBLAS_CORETYPE");
-  k.active = current_corename();
+  k.active = switch_blas_kernels(wanted);
   k.reason = "OpenBLAS did not know this CPU model and fell back to its SSE3 (Prescott) kernels";
   if (strcasecmp(k.active.c_str(), wanted.c_str()) != 0) {
     k.reason = "OpenBLAS fell back to its SSE3 (Prescott) kernels; asked for " + wanted + ", it kept " + k.active;

@@ -28,9 +28,14 @@ struct BlasKernels {
 // ThreadPool's constructor, before any GEMM, for programs that use the library directly.
 const BlasKernels& ensure_blas_kernels();
 
-// The selection itself, uncached: the test simulates the fall-back (OPENBLAS_CORETYPE=Prescott
-// selected through OpenBLAS's own entry points) and checks that this repairs it. Same contract.
+// The selection itself, uncached: the test simulates the fall-back (switch_blas_kernels("Prescott"))
+// and checks that this repairs it. Same contract.
 BlasKernels select_blas_kernels();
+
+// Selects OpenBLAS's kernel set `name` as OPENBLAS_CORETYPE would at load time (an unknown name
+// gives OpenBLAS's own fall-back) and returns what runs now; "" without run-time selection, where
+// nothing changes. Same contract as ensure_blas_kernels().
+std::string switch_blas_kernels(const std::string& name);
 
 // The kernel set the CPU's features allow ("SkylakeX", "Haswell", "Sandybridge"), or "" when it has
 // no AVX. Exposed for the test.

@@ -8,9 +8,10 @@
 // activations, weights in oneDNN's own layout, bias and ReLU post-ops, the residual as a sum
 // post-op into the block's input, and a team of one for a convolution under 0.3M multiply-adds
 // (runtime/cpu/conv_onednn.cpp; mpq's figure with libgomp spinning, as here: under
-// OMP_WAIT_POLICY=PASSIVE mpq uses 4M, and mpq sets its own GOMP_SPINCOUNT). Each row: microseconds per convolution on one thread and on N,
-// chained (each reads what the previous one wrote, as in a run of the model) and alone (the same
-// convolution again and again, its input already in the cache of the core that reads it).
+// OMP_WAIT_POLICY=PASSIVE mpq uses 4M, and mpq sets its own GOMP_SPINCOUNT). Each row:
+// microseconds per convolution on one thread and on N, chained (each reads what the previous one
+// wrote, as in a run of the model) and alone (the same convolution again and again, its input
+// already in the cache of the core that reads it).
 #include <omp.h>
 
 #include <algorithm>

@@ -215,36 +215,25 @@ TEST_CASE("a GEMM split inside a parallel loop runs as one call on that thread",
 
 namespace {
 
-extern "C" {
-void gotoblas_dynamic_init(void) __attribute__((weak));
-void gotoblas_dynamic_quit(void) __attribute__((weak));
-}
-
 // cblas_sgemm against a float64 product, both transposes: one small shape (OpenBLAS's small-matrix
 // kernels) and one past its blocking sizes, which the kernel set's init() sets.
-void check_sgemm(int m, int n, int kk) {
+void check_sgemm(int64_t m, int64_t n, int64_t k) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  for (int ta = 0; ta < 2; ++ta) {
-    for (int tb = 0; tb < 2; ++tb) {
-      std::vector<float> a(static_cast<size_t>(m) * kk), b(static_cast<size_t>(kk) * n), c(static_cast<size_t>(m) * n, 0.f);
-      for (float& v : a) v = dist(rng);
-      for (float& v : b) v = dist(rng);
-      const int lda = ta ? m : kk, ldb = tb ? kk : n;
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, kk, 1.f, a.data(),
-                  lda, b.data(), ldb, 0.f, c.data(), n);
-      std::vector<double> ref(static_cast<size_t>(m) * n, 0.0);
-      for (int i = 0; i < m; ++i)
-        for (int p = 0; p < kk; ++p) {
-          const double av = ta ? a[static_cast<size_t>(p) * m + i] : a[static_cast<size_t>(i) * kk + p];
-          double* row = ref.data() + static_cast<size_t>(i) * n;
-          for (int j = 0; j < n; ++j) row[j] += av * (tb ? b[static_cast<size_t>(j) * kk + p] : b[static_cast<size_t>(p) * n + j]);
-        }
-      double worst = 0;
-      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(c[i] - ref[i]));
-      INFO("sgemm " << m << "x" << n << "x" << kk << " ta " << ta << " tb " << tb);
-      REQUIRE(worst <= 2e-6 * kk);
-    }
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool ta = (variant & 1) != 0, tb = (variant & 2) != 0;
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n), 0.f);
+    for (float& v : a) v = dist(rng);
+    for (float& v : b) v = dist(rng);
+    const std::vector<double> want = naive_gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, c, n);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), 1.f, a.data(), static_cast<int>(lda), b.data(),
+                static_cast<int>(ldb), 0.f, c.data(), static_cast<int>(n));
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(c[i] - want[i]));
+    INFO("sgemm " << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb);
+    REQUIRE(worst <= 2e-6 * static_cast<double>(k));
   }
 }
 
@@ -272,17 +261,13 @@ TEST_CASE("OpenBLAS runs the kernels this CPU's features allow once a pool exist
   check_sgemm(37, 53, 29);
   check_sgemm(300, 260, 520);
 
-  if (user_choice || wanted.empty() || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+  const std::string before = openblas_get_corename();
+  // The fall-back on any machine: select Prescott through OpenBLAS's own entry points, as it does
+  // for a model it does not know, then repair it; the repaired kernels compute.
+  if (user_choice || wanted.empty() || rt::switch_blas_kernels("Prescott").empty()) {
     WARN("the fall-back repair is not exercised: OPENBLAS_CORETYPE set, no AVX, or no run-time kernel selection");
     return;
   }
-  // The fall-back on any machine: select Prescott through OpenBLAS's own entry points, as it does
-  // for a model it does not know, then repair it; the repaired kernels compute.
-  const std::string before = openblas_get_corename();
-  setenv("OPENBLAS_CORETYPE", "Prescott", 1);
-  gotoblas_dynamic_quit();
-  gotoblas_dynamic_init();
-  unsetenv("OPENBLAS_CORETYPE");
   REQUIRE(strcasecmp(openblas_get_corename(), "Prescott") == 0);
   check_sgemm(37, 53, 29);
   const rt::BlasKernels repaired = rt::select_blas_kernels();
@@ -291,11 +276,7 @@ TEST_CASE("OpenBLAS runs the kernels this CPU's features allow once a pool exist
   REQUIRE(strcasecmp(repaired.active.c_str(), wanted.c_str()) == 0);
   REQUIRE(std::getenv("OPENBLAS_CORETYPE") == nullptr);  // not left for child processes
   check_sgemm(300, 260, 520);
-  if (strcasecmp(before.c_str(), repaired.active.c_str()) != 0) {  // leave the process as it was
-    setenv("OPENBLAS_CORETYPE", before.c_str(), 1);
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
-    unsetenv("OPENBLAS_CORETYPE");
-  }
+  if (strcasecmp(before.c_str(), repaired.active.c_str()) != 0)  // leave the process as it was
+    REQUIRE(rt::switch_blas_kernels(before) == before);
   REQUIRE(before == openblas_get_corename());
 }
