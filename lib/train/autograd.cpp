@@ -12,6 +12,9 @@
 #include <unordered_set>
 
 #include "kernels/ops_table.h"
+#include "ir/onnx_tools.h"
+#include "passes/fuse_gelu.h"
+#include "passes/fuse_layer_norm.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/device_tensor.h"
@@ -70,6 +73,7 @@ bool is_weight_slot(const ir::Node& n, int index) {
   // Step sizes (LSQ), and weights and biases behind their fake quantizers.
   if (n.domain == "mpq" && n.op_type == "FakeQuant") return index <= 1;
   if (n.domain == "mpq" && n.op_type == "FakeQuantBias") return index == 0;
+  if (n.domain == "mpq" && n.op_type == "LayerNormalization") return index == 1 || index == 2;
   if (!n.domain.empty()) return false;
   const std::string& op = n.op_type;
   if (op == "Conv" || op == "ConvTranspose" || op == "Gemm" || op == "MatMul") return index == 1 || index == 2;
@@ -239,7 +243,35 @@ struct DevicePath {
 
 }  // namespace
 
+// The model the engine trains: `m` itself, or a copy with its LayerNorm and GELU patterns fused
+// (AutogradOptions::fuse) when both registries take the fused op. Null when nothing changed.
+std::unique_ptr<ir::Model> fuse_for_training(const ir::Model& m, const AutogradOptions& o, const rt::OpRegistry& kernels,
+                                             const GradRegistry& grads) {
+  if (!o.fuse || o.amp != Amp::Off || o.device != rt::BackendKind::CPU) return nullptr;
+  auto takes = [&](const char* op) {
+    const int opset = std::max(1, node_opset(m, "mpq"));
+    return kernels.find("mpq", op, opset, rt::BackendKind::CPU) && grads.find("mpq", op, opset, rt::BackendKind::CPU);
+  };
+  passes::FuseLayerNorm fuse_ln;
+  passes::FuseGelu fuse_gelu;
+  std::vector<passes::Pass*> pipeline;
+  if (takes("LayerNormalization")) pipeline.push_back(&fuse_ln);
+  if (takes("Gelu")) pipeline.push_back(&fuse_gelu);
+  if (pipeline.empty()) return nullptr;
+  auto fused = std::make_unique<ir::Model>(m.clone());
+  ir::infer_shapes(*fused);  // best effort: the patterns need their input's element type
+  int changed = 0;
+  for (passes::Pass* pass : pipeline) changed += pass->run(*fused).changed;
+  if (changed == 0) return nullptr;
+  // A name the caller asked to train that the fusion turned into an attribute (an epsilon): keep
+  // the graph as written, where it is still an initializer.
+  for (const std::string& name : o.trainable)
+    if (const ir::Value* v = fused->graph->find(name); !v || !v->has_initializer()) return nullptr;
+  return fused;
+}
+
 struct Autograd::Impl {
+  std::unique_ptr<ir::Model> fused;  // the fused copy `model` refers to, if any
   const ir::Model& model;
   AutogradOptions options;
   const rt::OpRegistry& kernels;
@@ -270,7 +302,9 @@ struct Autograd::Impl {
   size_t step_base = 0, step_peak = 0;
 
   Impl(const ir::Model& m, AutogradOptions o)
-      : model(m),
+      : fused(fuse_for_training(m, o, o.kernels ? *o.kernels : rt::OpRegistry::global(),
+                                o.grads ? *o.grads : GradRegistry::global())),
+        model(fused ? *fused : m),
         options(std::move(o)),
         kernels(options.kernels ? *options.kernels : rt::OpRegistry::global()),
         grads(options.grads ? *options.grads : GradRegistry::global()),
@@ -940,6 +974,7 @@ std::vector<StateBuffer>& Autograd::state() { return impl_->state; }
 const std::vector<StateBuffer>& Autograd::state() const { return impl_->state; }
 const std::vector<Tensor>& Autograd::input_grads() const { return impl_->input_grad_values; }
 const std::vector<std::string>& Autograd::output_names() const { return impl_->output_names; }
+const ir::Graph& Autograd::graph() const { return *impl_->model.graph; }
 rt::ThreadPool& Autograd::pool() { return impl_->pool; }
 bool Autograd::training() const { return impl_->options.training; }
 void Autograd::set_training(bool training) { impl_->options.training = training; }

@@ -48,6 +48,11 @@ struct AutogradOptions {
   bool default_parameters = true;
   // Also compute gradients of the (float) graph inputs, for tests.
   bool input_grads = false;
+  // CPU, AMP off: LayerNorm and GELU as exporters write them before opsets 17 and 20 (nine and
+  // five nodes) train as one mpq::LayerNormalization / mpq::Gelu node each, forward and backward
+  // (passes/fuse_layer_norm.h, fuse_gelu.h), on a copy of the model; parameter names, inputs and
+  // outputs are unchanged. Off: every node as written (tests compare the two).
+  bool fuse = true;
   const rt::OpRegistry* kernels = nullptr;  // nullptr: rt::OpRegistry::global()
   const GradRegistry* grads = nullptr;      // nullptr: GradRegistry::global()
   // BackendKind::CUDA: forward and backward on the GPU (the CUDA plugin's context; with
@@ -125,6 +130,9 @@ class Autograd {
   // for a backward), each logged once. Empty on the CPU.
   std::set<std::string> device_fallbacks() const;
   const std::vector<std::string>& output_names() const;
+  // The graph the engine runs: the model's own, or its copy with LayerNorm and GELU fused
+  // (AutogradOptions::fuse).
+  const ir::Graph& graph() const;
   rt::ThreadPool& pool();
   bool training() const;
   void set_training(bool training);

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <functional>
 
 #include "ir/onnx_io.h"
 #include "test_util.h"
@@ -19,14 +20,24 @@ using namespace mpq::train;
 
 namespace {
 
-void check_model(const std::string& model_name, const std::string& mode, int threads) {
+// Nodes of `domain`::`op` in the graph the engine runs.
+size_t count_ops(const Autograd& engine, const std::string& domain, const std::string& op) {
+  size_t n = 0;
+  for (const auto& node : engine.graph().nodes()) n += node->domain == domain && node->op_type == op;
+  return n;
+}
+
+void check_model(const std::string& model_name, const std::string& mode, int threads, bool fuse = true,
+                 const std::function<void(const Autograd&)>& check_graph = {}) {
   const auto dir = test::source_dir() / "tests" / "models" / "fashion";
   const Checkpoint ref = Checkpoint::load(dir / "grad_refs" / (model_name + "_" + mode + ".ckpt"));
   const ir::Model model = ir::load_model(dir / (model_name + ".onnx"));
   AutogradOptions o;
   o.threads = threads;
   o.training = mode == "train";
+  o.fuse = fuse;
   Autograd engine(model, o);
+  if (check_graph) check_graph(engine);
 
   std::vector<std::string> ours, theirs = ref.meta().at("parameters").get<std::vector<std::string>>();
   for (const Parameter& p : engine.parameters()) ours.push_back(p.name);
@@ -64,4 +75,17 @@ TEST_CASE("ResNet gradients match PyTorch (frozen and batch-statistics BatchNorm
 
 TEST_CASE("MobileNet gradients match PyTorch", "[train][model]") { check_model("fashion_mobilenet", "eval", 2); }
 
-TEST_CASE("ViT gradients match PyTorch", "[train][model]") { check_model("fashion_vit", "eval", 2); }
+TEST_CASE("ViT gradients match PyTorch, LayerNorm and GELU fused or as written", "[train][model]") {
+  // Fused (the default): the nine-node LayerNorms and five-node GELUs train as one node each.
+  check_model("fashion_vit", "eval", 2, true, [](const Autograd& e) {
+    CHECK(count_ops(e, "mpq", "LayerNormalization") == 9);
+    CHECK(count_ops(e, "mpq", "Gelu") == 4);
+    CHECK(count_ops(e, "", "Pow") == 0);
+    CHECK(count_ops(e, "", "Erf") == 0);
+  });
+  check_model("fashion_vit", "eval", 1, false, [](const Autograd& e) {
+    CHECK(count_ops(e, "mpq", "LayerNormalization") == 0);
+    CHECK(count_ops(e, "", "Pow") == 9);
+    CHECK(count_ops(e, "", "Erf") == 4);
+  });
+}

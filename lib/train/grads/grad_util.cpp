@@ -10,6 +10,30 @@ namespace mpq::train::grad_util {
 namespace {
 bool is_low(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 constexpr int64_t kGrain = 16384;
+
+// acc[j] += p[j] in double. Each sum is exact in IEEE arithmetic whatever the vector width, so the
+// AVX-512 build gives the bits of the baseline one.
+template <typename T>
+void accumulate_row(double* __restrict acc, const T* __restrict p, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(p[j]);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+template <typename T>
+__attribute__((target("avx512f"))) void accumulate_row_avx512(double* __restrict acc, const T* __restrict p, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(p[j]);
+}
+bool has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+}
+#endif
+template <typename T>
+void accumulate(double* acc, const T* p, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx512()) return accumulate_row_avx512(acc, p, n);
+#endif
+  accumulate_row(acc, p, n);
+}
 }  // namespace
 
 Tensor convert(const Tensor& t, DType to) {
@@ -101,6 +125,53 @@ Tensor reduce_to_shape(rt::ThreadPool& pool, const Tensor& g, const Shape& shape
 
   Tensor out(g.dtype(), shape);
   const int64_t n_out = out.numel();
+  if (!red.empty() && !groups.back().reduced && groups.back().size >= 8) {
+    // The innermost run is kept (a bias or scale gradient: [rows, C] -> [C]): sum whole rows into
+    // a block of double accumulators, contiguous reads instead of one strided column per output.
+    // Each output still adds its terms in the reduced index's order, so the bits are those of the
+    // general loop below, at any thread count and block width.
+    const int64_t inner = groups.back().size, outer = n_out / inner;
+    // Blocks as wide as the row (up to 512) on one thread; on several, narrower ones (16 or more,
+    // a cache line) so that every thread has two blocks or more.
+    const int64_t want = pool.size() > 1 ? 2 * int64_t{pool.size()} : 1;
+    const int64_t per_outer = std::max<int64_t>(1, (want + outer - 1) / outer);
+    const int64_t width = std::min<int64_t>(512, std::max<int64_t>(16, ((inner + per_outer - 1) / per_outer + 15) / 16 * 16));
+    const int64_t blocks = (inner + width - 1) / width;
+    const size_t outer_groups = kept.size() - 1;
+    visit_float(g.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* pg = g.data<T>();
+      T* po = out.data<T>();
+      const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(red_count * width, 1));
+      pool.parallel_for(outer * blocks, grain, [&](int64_t lo, int64_t hi) {
+        std::vector<double> acc(static_cast<size_t>(width));
+        std::vector<int64_t> idx(red.size());
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t o = t / blocks, j0 = t % blocks * width, w = std::min(width, inner - j0);
+          int64_t base = j0, rem = o;
+          for (size_t q = outer_groups; q-- > 0;) {
+            const size_t k = kept[q];
+            base += (rem % groups[k].size) * stride[k];
+            rem /= groups[k].size;
+          }
+          std::fill(acc.begin(), acc.begin() + w, 0.0);
+          std::fill(idx.begin(), idx.end(), 0);
+          for (int64_t c = 0; c < red_count; ++c) {
+            int64_t off = base;
+            for (size_t q = 0; q < red.size(); ++q) off += idx[q] * stride[red[q]];
+            accumulate(acc.data(), pg + off, w);
+            for (size_t q = red.size(); q-- > 0;) {
+              if (++idx[q] < groups[red[q]].size) break;
+              idx[q] = 0;
+            }
+          }
+          T* dst = po + o * inner + j0;
+          for (int64_t j = 0; j < w; ++j) dst[j] = static_cast<T>(acc[static_cast<size_t>(j)]);
+        }
+      });
+    });
+    return out;
+  }
   visit_float(g.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pg = g.data<T>();

@@ -466,7 +466,13 @@ void register_norm_grads(GradRegistry& r) {
   ln.fn = layernorm_grad;
   ln.differentiable = bit(0) | bit(1) | bit(2);
   ln.saved_inputs = bit(0) | bit(1);
+  // mpq::LayerNormalization (passes/fuse_layer_norm.h; the training engine fuses exporters'
+  // nine-node LayerNorm into it) has the same semantics at any opset.
+  GradDef fused_ln = ln;
+  fused_ln.domain = "mpq";
+  fused_ln.since = 1;
   r.add(std::move(ln));
+  r.add(std::move(fused_ln));
 }
 
 }  // namespace mpq::train::grads

@@ -340,6 +340,16 @@ void register_unary_grads(GradRegistry& r) {
   unary("HardSwish", elementwise_grad<HardSwishGrad>, HardSwishGrad::kSource);
   unary("Erf", elementwise_grad<ErfGrad>, ErfGrad::kSource);
   unary("Gelu", gelu_grad, Source::Input);
+  {
+    // mpq::Gelu (passes/fuse_gelu.h; the training engine fuses exporters' five-node GELU into it).
+    GradDef d;
+    d.domain = "mpq";
+    d.op_type = "Gelu";
+    d.fn = gelu_grad;
+    d.differentiable = bit(0);
+    d.saved_inputs = bit(0);
+    r.add(std::move(d));
+  }
   unary("Softplus", elementwise_grad<SoftplusGrad>, SoftplusGrad::kSource);
   unary("Sqrt", elementwise_grad<SqrtGrad>, SqrtGrad::kSource);
   unary("Exp", elementwise_grad<ExpGrad>, ExpGrad::kSource);
