@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ir/graph.h"
+#include "runtime/cpu/unary.h"
 #include "test_util.h"
 #include "train/autograd.h"
 #include "train/grad_check.h"
@@ -241,6 +242,45 @@ TEST_CASE("Unary backward is bit-identical at any thread count", "[train][grad]"
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       REQUIRE(one[i].defined());
       CHECK(bit_identical(one[i], three[i]));
+    }
+  }
+}
+
+TEST_CASE("Unary backward gives the same bits built for SSE2, AVX2 and AVX-512", "[train][grad]") {
+  // The float32 loop runs the build rt::cpu::unary_isa() picks (unary_grad.cpp); an odd length
+  // covers the vector bodies and the scalar tails.
+  struct Reset {
+    ~Reset() { rt::cpu::force_unary_isa(rt::cpu::UnaryIsa::Auto); }
+  } reset;
+  struct Case {
+    const char* op;
+    float lo, hi;
+    std::vector<Attribute> attrs;
+    int opset;
+  };
+  const std::vector<Case> cases = {
+      {"Relu", -3, 3, {}, 17},           {"LeakyRelu", -3, 3, {}, 17},   {"Elu", -3, 3, {}, 17},
+      {"Sigmoid", -9, 9, {}, 17},        {"Tanh", -5, 5, {}, 17},        {"HardSigmoid", -4, 4, {}, 17},
+      {"HardSwish", -4, 4, {}, 17},      {"Erf", -4, 4, {}, 17},         {"Softplus", -9, 9, {}, 17},
+      {"Sqrt", 0.01f, 9, {}, 17},        {"Exp", -9, 9, {}, 17},         {"Log", 0.01f, 9, {}, 17},
+      {"Abs", -3, 3, {}, 17},            {"Reciprocal", 0.1f, 9, {}, 17},
+      {"Gelu", -6, 6, {Attribute::make_string("approximate", "none")}, 20},
+      {"Gelu", -6, 6, {Attribute::make_string("approximate", "tanh")}, 20},
+  };
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    INFO(c.op);
+    const Tensor x = test::random_tensor({1037}, seed++, c.lo, c.hi);
+    test::GradCheckOptions o;
+    o.opset = c.opset;
+    std::vector<Tensor> grads;
+    for (const auto isa : {rt::cpu::UnaryIsa::Baseline, rt::cpu::UnaryIsa::Avx2, rt::cpu::UnaryIsa::Avx512}) {
+      if (rt::cpu::force_unary_isa(isa) != isa) WARN("this CPU lacks unary ISA " << static_cast<int>(isa));
+      grads.push_back(test::node_gradients(c.op, {x}, c.attrs, o).at(0));
+    }
+    for (size_t k = 1; k < grads.size(); ++k) {
+      REQUIRE(grads[k].defined());
+      CHECK(bit_identical(grads[0], grads[k]));
     }
   }
 }

@@ -13,6 +13,7 @@
 
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/math_util.h"
+#include "runtime/cpu/unary.h"
 #include "train/grads/grad_util.h"
 #include "train/grads/register_all_grads.h"
 
@@ -176,6 +177,29 @@ struct ReciprocalGrad {
   T operator()(T g, T y) const { return -g * y * y; }
 };
 
+// The float32 loop is compiled three times, as the forward's (runtime/cpu/unary.h): for the
+// baseline ISA, AVX2 and AVX-512, picked by rt::cpu::unary_isa(). The functors and math_util's
+// approximations inline into each; this file is compiled with -ffp-contract=off, so the three give
+// the same bits.
+template <class Op, typename T>
+void grad_range(const Op& op, const T* pg, const T* pv, T* pd, int64_t lo, int64_t hi) {
+  const Op local = op;  // kept in registers so that the loop vectorises
+  for (int64_t i = lo; i < hi; ++i) pd[i] = local.template operator()<T>(pg[i], pv[i]);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+template <class Op, typename T>
+__attribute__((target("avx2"))) void grad_range_avx2(const Op& op, const T* pg, const T* pv, T* pd, int64_t lo, int64_t hi) {
+  const Op local = op;
+  for (int64_t i = lo; i < hi; ++i) pd[i] = local.template operator()<T>(pg[i], pv[i]);
+}
+template <class Op, typename T>
+__attribute__((target("avx512f"))) void grad_range_avx512(const Op& op, const T* pg, const T* pv, T* pd, int64_t lo,
+                                                            int64_t hi) {
+  const Op local = op;
+  for (int64_t i = lo; i < hi; ++i) pd[i] = local.template operator()<T>(pg[i], pv[i]);
+}
+#endif
+
 template <class Op>
 void elementwise_grad(GradContext& ctx) {
   if (!ctx.needs_grad(0)) return;
@@ -192,9 +216,13 @@ void elementwise_grad(GradContext& ctx) {
     const T* pg = g.data<T>();
     const T* pv = v.data<T>();
     T* pd = dx.data<T>();
+    const rt::cpu::UnaryIsa isa = is_f32<T> ? rt::cpu::unary_isa() : rt::cpu::UnaryIsa::Baseline;
     ctx.pool().parallel_for(g.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      const Op local = op;  // kept in registers so that the loop vectorises
-      for (int64_t i = lo; i < hi; ++i) pd[i] = local.template operator()<T>(pg[i], pv[i]);
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (isa == rt::cpu::UnaryIsa::Avx512) return grad_range_avx512(op, pg, pv, pd, lo, hi);
+      if (isa == rt::cpu::UnaryIsa::Avx2) return grad_range_avx2(op, pg, pv, pd, lo, hi);
+#endif
+      grad_range(op, pg, pv, pd, lo, hi);
     });
   });
   ctx.set_grad(0, std::move(dx));
