@@ -241,13 +241,26 @@ struct DevicePath {
   }
 };
 
-}  // namespace
+// Whether `m` has a node where a LayerNorm (Sub of a ReduceMean) or GELU (Erf) pattern could
+// start: without one, no copy is made.
+bool may_fuse(const ir::Model& m) {
+  for (const auto& np : m.graph->nodes()) {
+    const ir::Node& n = *np;
+    if (!n.domain.empty()) continue;
+    if (n.op_type == "Erf") return true;
+    if (n.op_type == "Sub" && n.num_inputs() > 1 && n.input(1) && n.input(1)->producer() &&
+        n.input(1)->producer()->op_type == "ReduceMean")
+      return true;
+  }
+  return false;
+}
 
 // The model the engine trains: `m` itself, or a copy with its LayerNorm and GELU patterns fused
-// (AutogradOptions::fuse) when both registries take the fused op. Null when nothing changed.
+// (AutogradOptions::fuse) when both registries take the fused op. Null when nothing changed, or
+// when the fusion would change what the parameters named in `o.trainable` feed.
 std::unique_ptr<ir::Model> fuse_for_training(const ir::Model& m, const AutogradOptions& o, const rt::OpRegistry& kernels,
                                              const GradRegistry& grads) {
-  if (!o.fuse || o.amp != Amp::Off || o.device != rt::BackendKind::CPU) return nullptr;
+  if (!o.fuse || o.amp != Amp::Off || o.device != rt::BackendKind::CPU || !may_fuse(m)) return nullptr;
   auto takes = [&](const char* op) {
     const int opset = std::max(1, node_opset(m, "mpq"));
     return kernels.find("mpq", op, opset, rt::BackendKind::CPU) && grads.find("mpq", op, opset, rt::BackendKind::CPU);
@@ -261,14 +274,33 @@ std::unique_ptr<ir::Model> fuse_for_training(const ir::Model& m, const AutogradO
   auto fused = std::make_unique<ir::Model>(m.clone());
   ir::infer_shapes(*fused);  // best effort: the patterns need their input's element type
   int changed = 0;
-  for (passes::Pass* pass : pipeline) changed += pass->run(*fused).changed;
+  for (passes::Pass* pass : pipeline) changed += passes::run_pass(*pass, *fused).changed;
   if (changed == 0) return nullptr;
-  // A name the caller asked to train that the fusion turned into an attribute (an epsilon): keep
-  // the graph as written, where it is still an initializer.
-  for (const std::string& name : o.trainable)
-    if (const ir::Value* v = fused->graph->find(name); !v || !v->has_initializer()) return nullptr;
+  // A parameter the fusion took out of the graph (an epsilon that became an attribute), or whose
+  // uses it changed (a constant shared with a node outside the pattern, a weight of a branch the
+  // pass removed as dead): keep the graph as written.
+  for (const std::string& name : o.trainable) {
+    const ir::Value* v = fused->graph->find(name);
+    const ir::Value* was = m.graph->find(name);
+    if (!v || !v->has_initializer() || !was || v->uses().size() != was->uses().size()) return nullptr;
+  }
+  // The inferred types served the patterns only: the engine plans with the model's own.
+  for (ir::Value* v : fused->graph->values())
+    if (const ir::Value* was = m.graph->find(v->name())) v->type = was->type;
   return fused;
 }
+
+// `o` with the default parameters resolved on the model as written (AutogradOptions::trainable
+// empty and default_parameters on), so that fusing cannot change which initializers train.
+AutogradOptions resolve_parameters(const ir::Model& m, AutogradOptions o) {
+  if (o.trainable.empty() && o.default_parameters) {
+    o.trainable = default_trainable(m, o.grads ? *o.grads : GradRegistry::global());
+    o.default_parameters = false;
+  }
+  return o;
+}
+
+}  // namespace
 
 struct Autograd::Impl {
   std::unique_ptr<ir::Model> fused;  // the fused copy `model` refers to, if any
@@ -951,7 +983,7 @@ struct Autograd::Impl {
 };
 
 Autograd::Autograd(const ir::Model& model, AutogradOptions options)
-    : impl_(std::make_unique<Impl>(model, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(model, resolve_parameters(model, std::move(options)))) {}
 Autograd::~Autograd() = default;
 
 std::vector<Tensor> Autograd::forward(const rt::Feeds& feeds) { return impl_->forward(feeds); }

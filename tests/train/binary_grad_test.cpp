@@ -64,6 +64,7 @@ TEST_CASE("reduce_to_shape sums broadcast dimensions in a fixed order", "[train]
       {{5, 2, 9, 33}, {2, 1, 33}}, // reduced, kept, reduced, kept
       {{6, 5, 7}, {5, 1}},         // innermost reduced: the general loop
       {{11, 3}, {1, 3}},           // inner run too narrow for row blocks
+      {{0, 5, 16}, {0, 1, 16}},    // empty
   };
   for (DType dt : {DType::Float32, DType::Float64}) {
     uint32_t seed = 40;

@@ -11,7 +11,7 @@ namespace {
 bool is_low(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 constexpr int64_t kGrain = 16384;
 
-// acc[j] += p[j] in double. Each sum is exact in IEEE arithmetic whatever the vector width, so the
+// acc[j] += p[j] in double. Each element is one IEEE addition whatever the vector width, so the
 // AVX-512 build gives the bits of the baseline one.
 template <typename T>
 void accumulate_row(double* __restrict acc, const T* __restrict p, int64_t n) {
@@ -125,7 +125,7 @@ Tensor reduce_to_shape(rt::ThreadPool& pool, const Tensor& g, const Shape& shape
 
   Tensor out(g.dtype(), shape);
   const int64_t n_out = out.numel();
-  if (!red.empty() && !groups.back().reduced && groups.back().size >= 8) {
+  if (n_out > 0 && !red.empty() && !groups.back().reduced && groups.back().size >= 8) {
     // The innermost run is kept (a bias or scale gradient: [rows, C] -> [C]): sum whole rows into
     // a block of double accumulators, contiguous reads instead of one strided column per output.
     // Each output still adds its terms in the reduced index's order, so the bits are those of the

@@ -219,8 +219,10 @@ void elementwise_grad(GradContext& ctx) {
     const rt::cpu::UnaryIsa isa = is_f32<T> ? rt::cpu::unary_isa() : rt::cpu::UnaryIsa::Baseline;
     ctx.pool().parallel_for(g.numel(), kGrain, [&](int64_t lo, int64_t hi) {
 #if defined(__x86_64__) && defined(__GNUC__)
-      if (isa == rt::cpu::UnaryIsa::Avx512) return grad_range_avx512(op, pg, pv, pd, lo, hi);
-      if (isa == rt::cpu::UnaryIsa::Avx2) return grad_range_avx2(op, pg, pv, pd, lo, hi);
+      if constexpr (is_f32<T>) {
+        if (isa == rt::cpu::UnaryIsa::Avx512) return grad_range_avx512(op, pg, pv, pd, lo, hi);
+        if (isa == rt::cpu::UnaryIsa::Avx2) return grad_range_avx2(op, pg, pv, pd, lo, hi);
+      }
 #endif
       grad_range(op, pg, pv, pd, lo, hi);
     });
