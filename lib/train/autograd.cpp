@@ -386,9 +386,8 @@ struct Autograd::Impl {
     param_of_slot.assign(n_slots, -1);
     state_of_slot.assign(n_slots, -1);
 
-    std::vector<std::string> trainable = options.trainable;
-    if (trainable.empty() && options.default_parameters) trainable = default_trainable(model, grads);
-    for (const std::string& name : trainable) {
+    // Already resolved on the model as written (resolve_parameters).
+    for (const std::string& name : options.trainable) {
       const ir::Value* v = g.find(name);
       if (!v || !v->has_initializer())
         fail_input("'{}' is not an initializer of the model and cannot be trained", name);

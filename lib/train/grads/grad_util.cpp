@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "runtime/cpu/unary.h"
 #include "runtime/low_precision.h"
 
 namespace mpq::train::grad_util {
@@ -22,15 +23,12 @@ template <typename T>
 __attribute__((target("avx512f"))) void accumulate_row_avx512(double* __restrict acc, const T* __restrict p, int64_t n) {
   for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(p[j]);
 }
-bool has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
-}
 #endif
+// With the element-wise kernels' ISA choice (runtime/cpu/unary.h: the CPU's, or the one a test forces).
 template <typename T>
-void accumulate(double* acc, const T* p, int64_t n) {
+void accumulate(double* acc, const T* p, int64_t n, rt::cpu::UnaryIsa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (has_avx512()) return accumulate_row_avx512(acc, p, n);
+  if (isa == rt::cpu::UnaryIsa::Avx512) return accumulate_row_avx512(acc, p, n);
 #endif
   accumulate_row(acc, p, n);
 }
@@ -143,6 +141,7 @@ Tensor reduce_to_shape(rt::ThreadPool& pool, const Tensor& g, const Shape& shape
       const T* pg = g.data<T>();
       T* po = out.data<T>();
       const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(red_count * width, 1));
+      const rt::cpu::UnaryIsa isa = rt::cpu::unary_isa();
       pool.parallel_for(outer * blocks, grain, [&](int64_t lo, int64_t hi) {
         std::vector<double> acc(static_cast<size_t>(width));
         std::vector<int64_t> idx(red.size());
@@ -159,7 +158,7 @@ Tensor reduce_to_shape(rt::ThreadPool& pool, const Tensor& g, const Shape& shape
           for (int64_t c = 0; c < red_count; ++c) {
             int64_t off = base;
             for (size_t q = 0; q < red.size(); ++q) off += idx[q] * stride[red[q]];
-            accumulate(acc.data(), pg + off, w);
+            accumulate(acc.data(), pg + off, w, isa);
             for (size_t q = red.size(); q-- > 0;) {
               if (++idx[q] < groups[red[q]].size) break;
               idx[q] = 0;

@@ -349,8 +349,10 @@ void prelu_grad(GradContext& ctx) {
 }  // namespace
 
 void register_unary_grads(GradRegistry& r) {
-  auto add = [&](const char* op, GradFn fn, uint32_t diff, uint32_t saved_in, uint32_t saved_out) {
+  auto add = [&](const char* op, GradFn fn, uint32_t diff, uint32_t saved_in, uint32_t saved_out,
+                 const char* domain = "") {
     GradDef d;
+    d.domain = domain;
     d.op_type = op;
     d.fn = fn;
     d.differentiable = diff;
@@ -370,16 +372,8 @@ void register_unary_grads(GradRegistry& r) {
   unary("HardSwish", elementwise_grad<HardSwishGrad>, HardSwishGrad::kSource);
   unary("Erf", elementwise_grad<ErfGrad>, ErfGrad::kSource);
   unary("Gelu", gelu_grad, Source::Input);
-  {
-    // mpq::Gelu (passes/fuse_gelu.h; the training engine fuses exporters' five-node GELU into it).
-    GradDef d;
-    d.domain = "mpq";
-    d.op_type = "Gelu";
-    d.fn = gelu_grad;
-    d.differentiable = bit(0);
-    d.saved_inputs = bit(0);
-    r.add(std::move(d));
-  }
+  // mpq::Gelu (passes/fuse_gelu.h; the training engine fuses exporters' five-node GELU into it).
+  add("Gelu", gelu_grad, bit(0), bit(0), 0, "mpq");
   unary("Softplus", elementwise_grad<SoftplusGrad>, SoftplusGrad::kSource);
   unary("Sqrt", elementwise_grad<SqrtGrad>, SqrtGrad::kSource);
   unary("Exp", elementwise_grad<ExpGrad>, ExpGrad::kSource);
