@@ -513,7 +513,8 @@ struct Autograd::Impl {
 
   std::vector<Tensor> forward(const rt::Feeds& feeds) {
     rt::check_feeds(*model.graph, feeds);
-    rt::cpu::DeterministicBlas deterministic;  // same bits at any thread count
+    // Same bits at any thread count; oneDNN's convolutions in FP32 only (runtime/cpu/conv_common.h).
+    rt::cpu::DeterministicBlas deterministic(options.amp == Amp::Off);
     // A forward without a backward leaves saved tensors behind; drop them first.
     for (Step& st : steps) clear_saved(st);
     input_grad_values.clear();
@@ -802,7 +803,7 @@ struct Autograd::Impl {
 
   void backward(const std::vector<Tensor>& output_grads) {
     if (!have_forward) fail_internal("Autograd::backward called without a forward pass");
-    rt::cpu::DeterministicBlas deterministic;
+    rt::cpu::DeterministicBlas deterministic(options.amp == Amp::Off);
     have_forward = false;
     if (output_grads.size() != output_slots.size())
       fail_internal("Autograd::backward: {} output gradients for {} outputs", output_grads.size(), output_slots.size());

@@ -9,6 +9,7 @@ namespace mpq::rt::cpu {
 
 namespace {
 thread_local bool t_deterministic = false;
+thread_local bool t_deterministic_onednn = false;
 // Rows of C per block: a multiple of OpenBLAS's register blocking, large enough for its kernels to
 // run at speed, and fixed so that the pieces do not depend on the thread count.
 constexpr int64_t kDeterministicRows = 64;
@@ -71,14 +72,18 @@ void gemm_rows(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t
 }  // namespace
 
 bool deterministic_blas() { return t_deterministic; }
+bool deterministic_onednn_convolutions() { return t_deterministic && t_deterministic_onednn; }
 
-DeterministicBlas::DeterministicBlas() : previous_(t_deterministic), previous_threads_(openblas_get_num_threads()) {
+DeterministicBlas::DeterministicBlas(bool onednn_convolutions)
+    : previous_(t_deterministic), previous_onednn_(t_deterministic_onednn), previous_threads_(openblas_get_num_threads()) {
   t_deterministic = true;
+  t_deterministic_onednn = onednn_convolutions;
   openblas_set_num_threads(1);
 }
 
 DeterministicBlas::~DeterministicBlas() {
   t_deterministic = previous_;
+  t_deterministic_onednn = previous_onednn_;
   openblas_set_num_threads(previous_threads_);
 }
 

@@ -26,16 +26,21 @@ inline constexpr double kBlasSingleThreadMNK = 65536.0 * 4.0;
 // runs on one thread, every kernel spreads its GEMMs over the kernel pool instead, and large GEMMs
 // are cut into row blocks whose size depends only on the shapes (blas_gemm_rows), so the result
 // is the same bits at any thread count. Inference splits large GEMMs by thread count instead.
+//
+// `onednn_convolutions` lets oneDNN's direct convolutions (forward, dX and dW, each the same bits at
+// any thread count, runtime/cpu/conv_onednn.h) run inside the scope where they are measured faster;
+// without it mpq's own kernels run every convolution, as the CUDA path's host-compiled bodies do.
 bool deterministic_blas();
+bool deterministic_onednn_convolutions();
 class DeterministicBlas {
  public:
-  DeterministicBlas();
+  explicit DeterministicBlas(bool onednn_convolutions = false);
   ~DeterministicBlas();
   DeterministicBlas(const DeterministicBlas&) = delete;
   DeterministicBlas& operator=(const DeterministicBlas&) = delete;
 
  private:
-  bool previous_;
+  bool previous_, previous_onednn_;
   int previous_threads_;
 };
 

@@ -58,14 +58,15 @@ bool onednn_enabled() {
 }
 
 #if MPQ_HAVE_ONEDNN
-// Training (a DeterministicBlas scope) runs mpq's kernels unless MPQ_ONEDNN=all or OnednnUse::Always:
-// oneDNN's results are the same bits at any thread count, but they round differently from mpq's,
-// and QAT's fake quantization amplifies that into another trajectory (check_qat.py's 24-step
-// "distillation loss falls" check on the demo model: 0.00604 -> 0.00569 with mpq's kernels,
-// 0.00579 -> 0.00722 with oneDNN's; over 60 steps both fall, 0.0040 -> 0.0006 and 0.0050 -> 0.0011).
+// Inside a DeterministicBlas scope (training) oneDNN's convolutions run where the scope allows them
+// (the engine's FP32 CPU steps), with MPQ_ONEDNN=all, or with OnednnUse::Always. Training with
+// mixed precision keeps mpq's kernels: it is the CPU reference for the CUDA path, whose
+// host-compiled kernel bodies sum as mpq's do, and oneDNN's other rounding, amplified by
+// FakeQuant, would move its losses apart (check_qat.py's 6-step comparison: 0.000 with mpq's
+// kernels, a relative gap of 0.121 with oneDNN's).
 bool onednn_allowed_here() {
   if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
-  if (!deterministic_blas()) return true;
+  if (!deterministic_blas() || deterministic_onednn_convolutions()) return true;
   static const bool train = [] {
     const char* v = std::getenv("MPQ_ONEDNN");
     return v && std::string(v) == "all";
@@ -88,6 +89,7 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
   return false;
 }
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
+bool onednn_conv_backward_weights(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 int64_t onednn_channel_block() { return 0; }
 int onednn_team_size(double, int) { return 1; }
 bool onednn_allowed_here() { return false; }
@@ -105,10 +107,12 @@ using dt = memory::data_type;
 // Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
-                       float, int, bool, int64_t, int64_t, int64_t, bool, float, float, float>;
-Key key_of(const DnnlConvShape& s, int threads, bool backward) {
+                       float, int, int, int64_t, int64_t, int64_t, bool, float, float, float>;
+// What a plan computes: the forward, dX (backward data) or dW (backward weights).
+enum class Direction { Forward, Data, Weights };
+Key key_of(const DnnlConvShape& s, int threads, Direction direction) {
   return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
-          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, backward, s.x_block,
+          s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, static_cast<int>(direction), s.x_block,
           s.z_block, s.y_block, s.fake_quant, s.fq_scale, s.fq_lo, s.fq_hi};
 }
 struct KeyHash {
@@ -155,6 +159,9 @@ struct Plan {
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
+  // Backward weights (training): dW from X and dY; src_in reorders X, z_in dY, dst_out dW.
+  dnnl::convolution_backward_weights::primitive_desc bww_pd;
+  dnnl::convolution_backward_weights bww;
 };
 
 dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
@@ -227,6 +234,45 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
   return p;
 }
 
+// dW of one block of images on the calling thread alone (see onednn_conv_backward_weights). No
+// bias gradient: conv_grad's own sums it in double.
+std::shared_ptr<Plan> make_backward_weights_plan(const DnnlConvShape& s) {
+  auto p = std::make_shared<Plan>();
+  const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
+  const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
+                                       : memory::dims{s.m, s.c, s.kh, s.kw};
+  p->user_src = memory::desc(src, dt::f32, tag::nchw);  // X
+  p->user_z = memory::desc(dst, dt::f32, tag::nchw);    // dY
+  p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
+  const memory::desc any_src(src, dt::f32, tag::any), any_wei(wei, dt::f32, tag::any), any_dst(dst, dt::f32, tag::any);
+  const memory::dims strides{s.sh, s.sw}, dil{s.dh - 1, s.dw - 1}, pl{s.pt, s.pl}, pr{s.pb, s.pr};
+  auto fwd = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_src,
+                                      any_wei, memory::desc(), any_dst, strides, dil, pl, pr),
+      engine());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // as in make_plan
+  p->bww_pd = dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_src, any_wei, memory::desc(),
+                                               any_dst, strides, dil, pl, pr),
+      attr, engine(), fwd);
+  p->direct = is_direct_impl(p->bww_pd.impl_info_str());
+  if (!p->direct) return p;
+  p->bww = dnnl::convolution_backward_weights(p->bww_pd);
+  p->src_bytes = p->bww_pd.src_desc().get_size();
+  p->dst_bytes = p->bww_pd.diff_dst_desc().get_size();
+  p->wei_bytes = p->bww_pd.diff_weights_desc().get_size();
+  p->pad_bytes = p->bww_pd.scratchpad_desc().get_size();
+  p->reorder_src = p->bww_pd.src_desc() != p->user_src;
+  p->reorder_z = p->bww_pd.diff_dst_desc() != p->user_z;
+  p->reorder_wei = p->bww_pd.diff_weights_desc() != p->user_wei;
+  if (p->reorder_src) p->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_src, engine(), p->bww_pd.src_desc()));
+  if (p->reorder_z) p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_z, engine(), p->bww_pd.diff_dst_desc()));
+  if (p->reorder_wei)
+    p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->bww_pd.diff_weights_desc(), engine(), p->user_wei));
+  return p;
+}
+
 // Plain NCHW, or the channel-blocked layouts of runtime/cpu/channel_blocks.h (aBcd8b is nChw8c;
 // kChannelsLast is NHWC).
 memory::desc activation_desc(const memory::dims& dims, int64_t block) {
@@ -293,8 +339,8 @@ constexpr size_t kMaxPlans = 256;
 
 class PlanCache {
  public:
-  std::shared_ptr<Plan> get(const DnnlConvShape& s, int threads, bool backward = false) {
-    const Key k = key_of(s, threads, backward);
+  std::shared_ptr<Plan> get(const DnnlConvShape& s, int threads, Direction direction = Direction::Forward) {
+    const Key k = key_of(s, threads, direction);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(k);
@@ -305,7 +351,9 @@ class PlanCache {
     }
     std::shared_ptr<Plan> p;  // milliseconds: outside the lock
     try {
-      p = backward ? make_backward_data_plan(s) : make_plan(s);
+      p = direction == Direction::Data      ? make_backward_data_plan(s)
+          : direction == Direction::Weights ? make_backward_weights_plan(s)
+                                            : make_plan(s);
     } catch (const dnnl::error& e) {
       // No implementation at all for these layouts: mpq's kernels run the shape. Anything else
       // (out of memory, a bad descriptor) is a real error.
@@ -414,15 +462,18 @@ namespace {
 // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
 // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
 // so it is set first and is part of the cache key.
-std::shared_ptr<Plan> usable_plan(int threads, const DnnlConvShape& s, bool backward) {
-  if (!onednn_enabled() || !onednn_allowed_here()) return nullptr;
+bool onednn_runs(const DnnlConvShape& s) {
+  if (!onednn_enabled() || !onednn_allowed_here()) return false;
   // Blocked tensors go to oneDNN whenever it has a direct kernel: mpq's would convert both ways.
-  if (g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) && !s.blocked() &&
-      mpq_is_faster(s))
-    return nullptr;
+  return g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always) || s.blocked() ||
+         !mpq_is_faster(s);
+}
+
+std::shared_ptr<Plan> usable_plan(int threads, const DnnlConvShape& s, Direction direction) {
+  if (!onednn_runs(s)) return nullptr;
   const int team = team_size(s, threads);
   if (omp_get_max_threads() != team) omp_set_num_threads(team);
-  std::shared_ptr<Plan> p = cache().get(s, team, backward);
+  std::shared_ptr<Plan> p = cache().get(s, team, direction);
   return p->direct ? p : nullptr;
 }
 
@@ -580,7 +631,7 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
       if (omp_get_max_threads() != team) omp_set_num_threads(team);
     }
   } else {
-    p = usable_plan(threads, s, false);
+    p = usable_plan(threads, s, Direction::Forward);
     if (st) {
       // Everything that may throw first: a half-updated state must never look valid.
       st->valid = false;
@@ -673,7 +724,7 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     st.split_valid = false;
     std::vector<Part> parts = split_parts(s, pool.size());
     std::vector<std::shared_ptr<Plan>> plans;
-    for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, false));
+    for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, Direction::Forward));
     const bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
     // The parts share one reordered copy of the weights where every part's plan takes them in the
     // same layout (parts of equal size share the plan itself).
@@ -733,7 +784,7 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
 }
 
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
-  const std::shared_ptr<Plan> p = usable_plan(pool.size(), s, true);
+  const std::shared_ptr<Plan> p = usable_plan(pool.size(), s, Direction::Data);
   if (!p) return false;
   thread_local Scratch s_dy, s_wei, s_dx;
   thread_local dnnl::stream stream(engine());
@@ -754,6 +805,61 @@ bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const f
                           {DNNL_ARG_SCRATCHPAD, memory(pad_desc, eng, s_pad.get(pad_desc.get_size()))}});
   if (p->reorder_dst) p->dst_out.execute(stream, ddx, udx);
   stream.wait();
+  g_conv_count.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+bool onednn_conv_backward_weights(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* dy, float* dw) {
+  if (s.n <= 0 || !onednn_runs(s)) return false;
+  // Blocks of images by the shape alone, each on one thread: the plans are made for a team of one.
+  const int64_t per = std::min(s.n, kImagesPerWeightBlock);
+  const int64_t blocks = (s.n + per - 1) / per, tail = s.n - (blocks - 1) * per;
+  DnnlConvShape whole_block = s, last_block = s;
+  whole_block.n = per;
+  last_block.n = tail;
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
+  const std::shared_ptr<Plan> pw = cache().get(whole_block, 1, Direction::Weights);
+  const std::shared_ptr<Plan> pl = tail == per ? pw : cache().get(last_block, 1, Direction::Weights);
+  // Both blocks' dW must be in one layout to be added as they are.
+  if (!pw->direct || !pl->direct || pw->bww_pd.diff_weights_desc() != pl->bww_pd.diff_weights_desc()) return false;
+  const size_t wfloats = pw->wei_bytes / sizeof(float) + 16;  // 64-byte aligned slices
+  thread_local Scratch s_partial;
+  float* partial = s_partial.get(static_cast<size_t>(blocks) * wfloats * sizeof(float));
+  dnnl::engine& eng = engine();
+  const int64_t x_image = s.c * s.ih * s.iw, dy_image = s.m * s.oh * s.ow;
+  pool.parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+    thread_local Scratch s_x, s_dy, s_pad;
+    thread_local dnnl::stream stream(engine());
+    for (int64_t b = lo; b < hi; ++b) {
+      const Plan& p = b == blocks - 1 ? *pl : *pw;
+      memory ux(p.user_src, eng, const_cast<float*>(x + b * per * x_image));
+      memory udy(p.user_z, eng, const_cast<float*>(dy + b * per * dy_image));
+      memory bx = p.reorder_src ? memory(p.bww_pd.src_desc(), eng, s_x.get(p.src_bytes)) : ux;
+      memory bdy = p.reorder_z ? memory(p.bww_pd.diff_dst_desc(), eng, s_dy.get(p.dst_bytes)) : udy;
+      if (p.reorder_src) p.src_in.execute(stream, ux, bx);
+      if (p.reorder_z) p.z_in.execute(stream, udy, bdy);
+      memory bdw(p.bww_pd.diff_weights_desc(), eng, partial + static_cast<size_t>(b) * wfloats);
+      p.bww.execute(stream, {{DNNL_ARG_SRC, bx},
+                             {DNNL_ARG_DIFF_DST, bdy},
+                             {DNNL_ARG_DIFF_WEIGHTS, bdw},
+                             {DNNL_ARG_SCRATCHPAD, memory(p.bww_pd.scratchpad_desc(), eng, s_pad.get(p.pad_bytes))}});
+      stream.wait();
+    }
+  });
+  // The blocks added in block order, whatever thread ran which.
+  const size_t count = pw->wei_bytes / sizeof(float);
+  for (int64_t b = 1; b < blocks; ++b) {
+    const float* from = partial + static_cast<size_t>(b) * wfloats;
+    for (size_t i = 0; i < count; ++i) partial[i] += from[i];
+  }
+  if (pw->reorder_wei) {
+    thread_local dnnl::stream stream(engine());
+    memory from(pw->bww_pd.diff_weights_desc(), eng, partial), to(pw->user_wei, eng, dw);
+    pw->dst_out.execute(stream, from, to);
+    stream.wait();
+  } else {
+    std::copy(partial, partial + count, dw);
+  }
   g_conv_count.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -139,7 +139,17 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
 // and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; same choice of
 // shapes and threads as the forward, false (computing nothing) where mpq's kernels run it. Each dX
 // element is summed by one thread in a fixed order, so it is the same bits at any thread count
-// (tests/train/conv_grad_test); the weight gradient stays mpq's (oneDNN's sums per-thread partials).
+// (tests/train/conv_grad_test).
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx);
+
+// dW [M, C/G, KH, KW] (overwritten) of the convolution `s` describes from X [N, C, IH, IW] and dY
+// [N, M, OH, OW], dense NCHW, for training; the same choice of shapes as the forward, false
+// (computing nothing) where mpq's kernels run it. oneDNN's own threading would sum per-thread
+// partials whose split depends on the thread count, so the batch is cut into blocks of
+// kImagesPerWeightBlock images by the shape alone, each block's dW computed on one thread by a
+// single-thread primitive, and the blocks' results added in block order: the same bits at any
+// thread count (tests/train/conv_grad_test).
+inline constexpr int64_t kImagesPerWeightBlock = 8;
+bool onednn_conv_backward_weights(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* dy, float* dw);
 
 }  // namespace mpq::rt::cpu

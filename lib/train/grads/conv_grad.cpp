@@ -389,6 +389,15 @@ bool onednn_dx(rt::ThreadPool& pool, const Window3& g, int64_t N, int64_t C, int
   return rt::cpu::onednn_conv_backward_data(pool, s, w, dy, dx);
 }
 
+// dW of a float32 1-D/2-D Conv through oneDNN's backward-weights kernel, in blocks of images
+// added in a fixed order (runtime/cpu/conv_onednn.h; same bits at any thread count); false otherwise.
+bool onednn_dw(rt::ThreadPool& pool, const Window3& g, int64_t N, int64_t C, int64_t M, int64_t G, const float* x,
+               const float* dy, float* dw) {
+  if (g.in[0] != 1 || g.k[0] != 1) return false;  // 3-D
+  const rt::cpu::DnnlConvShape s = rt::cpu::dnnl_conv_shape(N, C, M, G, g);
+  return rt::cpu::onednn_conv_backward_weights(pool, s, x, dy, dw);
+}
+
 int64_t read_group(const GradContext& ctx) {
   const int64_t G = ctx.node().attr_int("group", 1);
   if (G <= 0) ctx.fail("group must be positive, got {}", G);
@@ -440,6 +449,7 @@ void conv_grad(GradContext& ctx) {
         bool dx_done = false;
         if constexpr (std::is_same_v<T, float>) {
           if (want_x) dx_done = onednn_dx(ctx.pool(), g, N, C, M, G, w, dy.data<T>(), dxp);
+          if (want_w && onednn_dw(ctx.pool(), g, N, C, M, G, x, dy.data<T>(), dwp)) a.dw = nullptr;
         }
         const bool full_correlation = want_x && !dx_done && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && Mg < Cg;
         if (!full_correlation && !dx_done) a.dp = dxp;
