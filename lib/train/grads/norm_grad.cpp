@@ -23,6 +23,10 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/thread_pool.h"
@@ -141,6 +145,65 @@ T sq_dev_of(const T* x, int64_t n, T mean) {
   for (int64_t i = 0; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
   return s;
 }
+
+// BatchNormalization's backward sums over one row of S values: a0 += sum of g, a1 += sum of
+// g * (x - m). Eight float lanes each, lane j taking the values at i = j mod 8 in order; the values
+// past the last whole eight are added in double first, then the lanes in order.
+template <typename T>
+void bn_row_sums(const T* g, const T* x, T m, int64_t S, double& a0, double& a1) {
+  T sg[8] = {}, sgx[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= S; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      sg[j] += g[i + j];
+      sgx[j] += g[i + j] * (x[i + j] - m);
+    }
+  double b0 = 0, b1 = 0;
+  for (; i < S; ++i) {
+    b0 += static_cast<double>(g[i]);
+    b1 += static_cast<double>(g[i] * (x[i] - m));
+  }
+  for (int j = 0; j < 8; ++j) {
+    b0 += static_cast<double>(sg[j]);
+    b1 += static_cast<double>(sgx[j]);
+  }
+  a0 += b0;
+  a1 += b1;
+}
+#if defined(__SSE2__)
+// The same sums with the eight lanes in two SSE registers each, the same operations per lane (no
+// FMA in SSE2), so the same bits. GCC vectorised the generic loop across i instead, with shuffles
+// and spills: it took 9% of a one-thread fashion_resnet training step.
+template <>
+void bn_row_sums<float>(const float* g, const float* x, float m, int64_t S, double& a0, double& a1) {
+  __m128 sg0 = _mm_setzero_ps(), sg1 = _mm_setzero_ps(), sx0 = _mm_setzero_ps(), sx1 = _mm_setzero_ps();
+  const __m128 vm = _mm_set1_ps(m);
+  int64_t i = 0;
+  for (; i + 8 <= S; i += 8) {
+    const __m128 g0 = _mm_loadu_ps(g + i), g1 = _mm_loadu_ps(g + i + 4);
+    sg0 = _mm_add_ps(sg0, g0);
+    sg1 = _mm_add_ps(sg1, g1);
+    sx0 = _mm_add_ps(sx0, _mm_mul_ps(g0, _mm_sub_ps(_mm_loadu_ps(x + i), vm)));
+    sx1 = _mm_add_ps(sx1, _mm_mul_ps(g1, _mm_sub_ps(_mm_loadu_ps(x + i + 4), vm)));
+  }
+  double b0 = 0, b1 = 0;
+  for (; i < S; ++i) {
+    b0 += static_cast<double>(g[i]);
+    b1 += static_cast<double>(g[i] * (x[i] - m));
+  }
+  float sg[8], sgx[8];
+  _mm_storeu_ps(sg, sg0);
+  _mm_storeu_ps(sg + 4, sg1);
+  _mm_storeu_ps(sgx, sx0);
+  _mm_storeu_ps(sgx + 4, sx1);
+  for (int j = 0; j < 8; ++j) {
+    b0 += static_cast<double>(sg[j]);
+    b1 += static_cast<double>(sgx[j]);
+  }
+  a0 += b0;
+  a1 += b1;
+}
+#endif
 
 template <typename T>
 void bn_forward_typed(TrainForwardContext& tctx, const BnGeometry& geo) {
@@ -267,24 +330,7 @@ void batchnorm_grad(GradContext& ctx) {
           }
           return;
         }
-        T sg[8] = {}, sgx[8] = {};
-        int64_t i = 0;
-        for (; i + 8 <= geo.S; i += 8)
-          for (int j = 0; j < 8; ++j) {
-            sg[j] += pg[off + i + j];
-            sgx[j] += pg[off + i + j] * (px[off + i + j] - m);
-          }
-        double a0 = 0, a1 = 0;
-        for (; i < geo.S; ++i) {
-          a0 += static_cast<double>(pg[off + i]);
-          a1 += static_cast<double>(pg[off + i] * (px[off + i] - m));
-        }
-        for (int j = 0; j < 8; ++j) {
-          a0 += static_cast<double>(sg[j]);
-          a1 += static_cast<double>(sgx[j]);
-        }
-        acc[0] += a0;
-        acc[1] += a1;
+        bn_row_sums<T>(pg + off, px + off, m, geo.S, acc[0], acc[1]);
       });
     }
     const size_t F = static_cast<size_t>(geo.F);
