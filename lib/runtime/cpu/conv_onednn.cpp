@@ -783,7 +783,19 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   return true;
 }
 
+// oneDNN's backward-data kernels pad the channels to their block. `bench_conv_grad` (batch 64,
+// 3x3 at 28x28, one thread, AVX-512) measured dX slower than mpq's wherever the input channels were
+// not a multiple of the block (2-12 channels: 1.4-3.4x mpq's time; 16: 0.64x), and with 3 output
+// channels (3.1x); 8 and 24 output channels were 0.85x and 0.94x. The weight gradient had no such
+// pattern (0.3-0.7x on these shapes, 1.1x on one).
+bool backward_data_pays(const DnnlConvShape& s) {
+  if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
+  const int64_t block = onednn_channel_block();
+  return block > 0 && (s.c / s.group) % block == 0 && s.m / s.group >= 8;
+}
+
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
+  if (!backward_data_pays(s)) return false;
   const std::shared_ptr<Plan> p = usable_plan(pool.size(), s, Direction::Data);
   if (!p) return false;
   thread_local Scratch s_dy, s_wei, s_dx;

@@ -64,8 +64,8 @@ class OnednnConvState {
 DnnlConvShape dnnl_conv_shape(int64_t n, int64_t c, int64_t m, int64_t group, const Window3& g);
 
 // Whether oneDNN is compiled in and not switched off (MPQ_ONEDNN=0 in the environment runs mpq's
-// own kernels everywhere, for comparisons). Training (inside a DeterministicBlas scope) uses it only
-// with MPQ_ONEDNN=all (see conv_onednn.cpp for why).
+// own kernels everywhere, for comparisons). Training (inside a DeterministicBlas scope) uses it where
+// the scope allows (FP32 steps), or everywhere with MPQ_ONEDNN=all (see conv_onednn.cpp for why).
 bool onednn_enabled();
 bool onednn_available();  // compiled in
 
@@ -104,8 +104,9 @@ bool onednn_bf16_cores();
 
 // The OpenMP team a oneDNN primitive of `macs` multiply-adds gets on a pool of `threads`: one
 // thread below the size where a second pays (see conv_onednn.cpp), every thread with
-// OnednnUse::Always. And whether oneDNN may run on this thread now (not inside training's
-// DeterministicBlas scope unless MPQ_ONEDNN=all). For the other oneDNN callers (matmul_onednn).
+// OnednnUse::Always. And whether oneDNN may run on this thread now (inside training's
+// DeterministicBlas scope only where the scope allows its convolutions, or with MPQ_ONEDNN=all).
+// For the other oneDNN callers (matmul_onednn, which never runs inside that scope).
 int onednn_team_size(double macs, int threads);
 bool onednn_allowed_here();
 
