@@ -198,26 +198,47 @@ dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
   return po;
 }
 
+// What both backward plans share: the tensor dimensions, oneDNN's free ("any") layouts, the window,
+// the forward_training primitive descriptor oneDNN takes as the hint for a backward one, and an
+// attribute with caller-owned scratch memory (as in make_plan).
+struct BackwardDescs {
+  memory::dims src, dst, wei, strides, dil, pl, pr;
+  memory::desc any_src, any_wei, any_dst, user_wei;
+  dnnl::convolution_forward::primitive_desc hint;
+  dnnl::primitive_attr attr;
+};
+
+BackwardDescs backward_descs(const DnnlConvShape& s) {
+  BackwardDescs d;
+  d.src = {s.n, s.c, s.ih, s.iw};
+  d.dst = {s.n, s.m, s.oh, s.ow};
+  d.wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw} : memory::dims{s.m, s.c, s.kh, s.kw};
+  d.strides = {s.sh, s.sw};
+  d.dil = {s.dh - 1, s.dw - 1};
+  d.pl = {s.pt, s.pl};
+  d.pr = {s.pb, s.pr};
+  d.any_src = memory::desc(d.src, dt::f32, tag::any);
+  d.any_wei = memory::desc(d.wei, dt::f32, tag::any);
+  d.any_dst = memory::desc(d.dst, dt::f32, tag::any);
+  d.user_wei = memory::desc(d.wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
+  d.hint = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.any_src,
+                                      d.any_wei, memory::desc(), d.any_dst, d.strides, d.dil, d.pl, d.pr),
+      engine());
+  d.attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return d;
+}
+
 std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
   auto p = std::make_shared<Plan>();
-  const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
-  const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
-                                       : memory::dims{s.m, s.c, s.kh, s.kw};
-  p->user_src = memory::desc(dst, dt::f32, tag::nchw);  // dY
-  p->user_dst = memory::desc(src, dt::f32, tag::nchw);  // dX
-  p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
-  const memory::desc any_src(src, dt::f32, tag::any), any_wei(wei, dt::f32, tag::any), any_dst(dst, dt::f32, tag::any);
-  const memory::dims strides{s.sh, s.sw}, dil{s.dh - 1, s.dw - 1}, pl{s.pt, s.pl}, pr{s.pb, s.pr};
-  auto fwd = dnnl::convolution_forward::primitive_desc(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_src,
-                                      any_wei, memory::desc(), any_dst, strides, dil, pl, pr),
-      engine());
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // as in make_plan
+  const BackwardDescs d = backward_descs(s);
+  p->user_src = memory::desc(d.dst, dt::f32, tag::nchw);  // dY
+  p->user_dst = memory::desc(d.src, dt::f32, tag::nchw);  // dX
+  p->user_wei = d.user_wei;
   p->bwd_pd = dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst, strides, dil,
-                                            pl, pr),
-      attr, engine(), fwd);
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.any_src, d.any_wei, d.any_dst,
+                                            d.strides, d.dil, d.pl, d.pr),
+      d.attr, engine(), d.hint);
   const std::string impl = p->bwd_pd.impl_info_str();
   p->direct = is_direct_impl(impl);
   if (!p->direct) return p;
@@ -238,24 +259,14 @@ std::shared_ptr<Plan> make_backward_data_plan(const DnnlConvShape& s) {
 // bias gradient: conv_grad's own sums it in double.
 std::shared_ptr<Plan> make_backward_weights_plan(const DnnlConvShape& s) {
   auto p = std::make_shared<Plan>();
-  const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
-  const memory::dims wei = s.group > 1 ? memory::dims{s.group, s.m / s.group, s.c / s.group, s.kh, s.kw}
-                                       : memory::dims{s.m, s.c, s.kh, s.kw};
-  p->user_src = memory::desc(src, dt::f32, tag::nchw);  // X
-  p->user_z = memory::desc(dst, dt::f32, tag::nchw);    // dY
-  p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
-  const memory::desc any_src(src, dt::f32, tag::any), any_wei(wei, dt::f32, tag::any), any_dst(dst, dt::f32, tag::any);
-  const memory::dims strides{s.sh, s.sw}, dil{s.dh - 1, s.dw - 1}, pl{s.pt, s.pl}, pr{s.pb, s.pr};
-  auto fwd = dnnl::convolution_forward::primitive_desc(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_src,
-                                      any_wei, memory::desc(), any_dst, strides, dil, pl, pr),
-      engine());
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // as in make_plan
+  const BackwardDescs d = backward_descs(s);
+  p->user_src = memory::desc(d.src, dt::f32, tag::nchw);  // X
+  p->user_z = memory::desc(d.dst, dt::f32, tag::nchw);    // dY
+  p->user_wei = d.user_wei;
   p->bww_pd = dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_src, any_wei, memory::desc(),
-                                               any_dst, strides, dil, pl, pr),
-      attr, engine(), fwd);
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.any_src, d.any_wei, memory::desc(),
+                                               d.any_dst, d.strides, d.dil, d.pl, d.pr),
+      d.attr, engine(), d.hint);
   p->direct = is_direct_impl(p->bww_pd.impl_info_str());
   if (!p->direct) return p;
   p->bww = dnnl::convolution_backward_weights(p->bww_pd);
@@ -457,8 +468,10 @@ int team_size(const DnnlConvShape& s, int threads) {
 
 namespace {
 
-// The cached plan for `s` (forward or backward-data), or null where mpq's kernels run instead:
-// oneDNN off, not allowed on this thread, measured slower, or no direct kernel for the shape.
+// Whether oneDNN may run `s` (any direction): enabled, allowed on this thread, and not a shape
+// mpq's kernels are measured faster on (blocked tensors always go to oneDNN). usable_plan: the
+// cached forward or backward-data plan for it, or null where mpq's kernels run instead (also where
+// oneDNN has no direct kernel for the shape).
 // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
 // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
 // so it is set first and is part of the cache key.
@@ -785,14 +798,16 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
 
 // oneDNN's backward-data kernels pad the channels to their block. `bench_conv_grad` (batch 64,
 // 3x3 at 28x28, one thread, AVX-512) measured dX slower than mpq's wherever the input channels were
-// not a multiple of the block (2-12 channels: 1.4-3.4x mpq's time; 16: 0.64x), and with 3 output
+// not a multiple of the block (1-12 channels: 1.4-3.4x mpq's time; 16: 0.64x), and with 3 output
 // channels (3.1x); 8 and 24 output channels were 0.85x and 0.94x. The weight gradient had no such
 // pattern (0.3-0.7x on these shapes, 1.1x on one).
+namespace {
 bool backward_data_pays(const DnnlConvShape& s) {
   if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
   const int64_t block = onednn_channel_block();
   return block > 0 && (s.c / s.group) % block == 0 && s.m / s.group >= 8;
 }
+}  // namespace
 
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
   if (!backward_data_pays(s)) return false;
@@ -834,35 +849,48 @@ bool onednn_conv_backward_weights(ThreadPool& pool, const DnnlConvShape& s, cons
   const std::shared_ptr<Plan> pl = tail == per ? pw : cache().get(last_block, 1, Direction::Weights);
   // Both blocks' dW must be in one layout to be added as they are.
   if (!pw->direct || !pl->direct || pw->bww_pd.diff_weights_desc() != pl->bww_pd.diff_weights_desc()) return false;
-  const size_t wfloats = pw->wei_bytes / sizeof(float) + 16;  // 64-byte aligned slices
+  const size_t count = pw->wei_bytes / sizeof(float);
+  const size_t stride = (count + 15) / 16 * 16;  // 64-byte aligned slices
+  // The blocks run in waves of one per thread, so that memory holds the running sum and one wave's
+  // results, not one dW per block. Slice 0 is the sum; a wave's blocks go to slices 1 and up.
+  const int64_t wave = std::max<int64_t>(1, std::min<int64_t>(pool.size(), blocks));
   thread_local Scratch s_partial;
-  float* partial = s_partial.get(static_cast<size_t>(blocks) * wfloats * sizeof(float));
+  float* partial = s_partial.get(static_cast<size_t>(wave + 1) * stride * sizeof(float));
   dnnl::engine& eng = engine();
   const int64_t x_image = s.c * s.ih * s.iw, dy_image = s.m * s.oh * s.ow;
-  pool.parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
-    thread_local Scratch s_x, s_dy, s_pad;
-    thread_local dnnl::stream stream(engine());
-    for (int64_t b = lo; b < hi; ++b) {
-      const Plan& p = b == blocks - 1 ? *pl : *pw;
-      memory ux(p.user_src, eng, const_cast<float*>(x + b * per * x_image));
-      memory udy(p.user_z, eng, const_cast<float*>(dy + b * per * dy_image));
-      memory bx = p.reorder_src ? memory(p.bww_pd.src_desc(), eng, s_x.get(p.src_bytes)) : ux;
-      memory bdy = p.reorder_z ? memory(p.bww_pd.diff_dst_desc(), eng, s_dy.get(p.dst_bytes)) : udy;
-      if (p.reorder_src) p.src_in.execute(stream, ux, bx);
-      if (p.reorder_z) p.z_in.execute(stream, udy, bdy);
-      memory bdw(p.bww_pd.diff_weights_desc(), eng, partial + static_cast<size_t>(b) * wfloats);
-      p.bww.execute(stream, {{DNNL_ARG_SRC, bx},
-                             {DNNL_ARG_DIFF_DST, bdy},
-                             {DNNL_ARG_DIFF_WEIGHTS, bdw},
-                             {DNNL_ARG_SCRATCHPAD, memory(p.bww_pd.scratchpad_desc(), eng, s_pad.get(p.pad_bytes))}});
-      stream.wait();
-    }
-  });
-  // The blocks added in block order, whatever thread ran which.
-  const size_t count = pw->wei_bytes / sizeof(float);
-  for (int64_t b = 1; b < blocks; ++b) {
-    const float* from = partial + static_cast<size_t>(b) * wfloats;
-    for (size_t i = 0; i < count; ++i) partial[i] += from[i];
+  for (int64_t first = 0; first < blocks; first += wave) {
+    const int64_t in_wave = std::min(wave, blocks - first);
+    pool.parallel_for(in_wave, 1, [&](int64_t lo, int64_t hi) {
+      thread_local Scratch s_x, s_dy, s_pad;
+      thread_local dnnl::stream stream(engine());
+      for (int64_t k = lo; k < hi; ++k) {
+        const int64_t b = first + k;
+        const Plan& p = b == blocks - 1 ? *pl : *pw;
+        memory ux(p.user_src, eng, const_cast<float*>(x + b * per * x_image));
+        memory udy(p.user_z, eng, const_cast<float*>(dy + b * per * dy_image));
+        memory bx = p.reorder_src ? memory(p.bww_pd.src_desc(), eng, s_x.get(p.src_bytes)) : ux;
+        memory bdy = p.reorder_z ? memory(p.bww_pd.diff_dst_desc(), eng, s_dy.get(p.dst_bytes)) : udy;
+        if (p.reorder_src) p.src_in.execute(stream, ux, bx);
+        if (p.reorder_z) p.z_in.execute(stream, udy, bdy);
+        // Block 0 writes the sum's slice directly.
+        float* out = b == 0 ? partial : partial + static_cast<size_t>(k + 1) * stride;
+        memory bdw(p.bww_pd.diff_weights_desc(), eng, out);
+        p.bww.execute(stream, {{DNNL_ARG_SRC, bx},
+                               {DNNL_ARG_DIFF_DST, bdy},
+                               {DNNL_ARG_DIFF_WEIGHTS, bdw},
+                               {DNNL_ARG_SCRATCHPAD, memory(p.bww_pd.scratchpad_desc(), eng, s_pad.get(p.pad_bytes))}});
+        stream.wait();
+      }
+    });
+    // The wave's blocks added to the sum in block order, each element by one thread.
+    const int64_t from_k = first == 0 ? 1 : 0;
+    if (from_k >= in_wave) continue;
+    pool.parallel_for(static_cast<int64_t>(count), 16384, [&](int64_t lo, int64_t hi) {
+      for (int64_t k = from_k; k < in_wave; ++k) {
+        const float* from = partial + static_cast<size_t>(k + 1) * stride;
+        for (int64_t i = lo; i < hi; ++i) partial[i] += from[i];
+      }
+    });
   }
   if (pw->reorder_wei) {
     thread_local dnnl::stream stream(engine());

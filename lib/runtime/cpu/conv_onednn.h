@@ -137,8 +137,10 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
                          const float* z, float* y, OnednnConvState* constant_weights = nullptr);
 
 // dX of the convolution `s` describes (bias, residual and activation ignored) from dY [N, M, OH, OW]
-// and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; same choice of
-// shapes and threads as the forward, false (computing nothing) where mpq's kernels run it. Each dX
+// and W, both dense NCHW / OIHW, into dx [N, C, IH, IW] (overwritten), for training; the forward's
+// choice of shapes and threads, narrowed to where oneDNN's dX was measured faster (input channels
+// per group a multiple of its channel block, at least 8 output channels per group; see
+// conv_onednn.cpp), false (computing nothing) where mpq's kernels run it. Each dX
 // element is summed by one thread in a fixed order, so it is the same bits at any thread count
 // (tests/train/conv_grad_test).
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx);
@@ -149,7 +151,8 @@ bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const f
 // partials whose split depends on the thread count, so the batch is cut into blocks of
 // kImagesPerWeightBlock images by the shape alone, each block's dW computed on one thread by a
 // single-thread primitive, and the blocks' results added in block order: the same bits at any
-// thread count (tests/train/conv_grad_test).
+// thread count (tests/train/conv_grad_test). The blocks run in waves of one per thread, so a batch
+// of at most 8 images computes its dW on one thread.
 inline constexpr int64_t kImagesPerWeightBlock = 8;
 bool onednn_conv_backward_weights(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* dy, float* dw);
 
