@@ -420,9 +420,18 @@ struct Scratch {
 //     shortcuts and the ViT's patch embedding at batch 1: oneDNN 1.2-1.8x slower);
 //   * depthwise ones always go to oneDNN (0.2-0.8x mpq's time; 1.2x on the smallest, 16 channels
 //     at 8x8 output, batch 1: 15 vs 12 us, kept for one simple rule).
+// Training's dX (Direction::Data) also stays with mpq where oneDNN's backward-data kernels pad the
+// channels to their block: `bench_conv_grad` (batch 64, 3x3 at 28x28, one thread, AVX-512) measured
+// them slower wherever the input channels were not a multiple of the block (1-12 channels: 1.4-3.4x
+// mpq's time; 16: 0.64x), and with 3 output channels (3.1x); 8 and 24 output channels were 0.85x
+// and 0.94x. The weight gradient had no such pattern (0.3-0.7x on these shapes, 1.1x on one).
 constexpr double kMinDenseMacs = 200e3;
 
-bool mpq_is_faster(const DnnlConvShape& s) {
+bool mpq_is_faster(const DnnlConvShape& s, Direction direction) {
+  if (direction == Direction::Data) {
+    const int64_t block = onednn_channel_block();
+    if (block <= 0 || (s.c / s.group) % block != 0 || s.m / s.group < 8) return true;
+  }
   const bool depthwise = s.group > 1 && s.group == s.c;
   if (depthwise) return false;
   const bool pointwise =
@@ -468,22 +477,22 @@ int team_size(const DnnlConvShape& s, int threads) {
 
 namespace {
 
-// Whether oneDNN may run `s` (any direction): enabled, allowed on this thread, and not a shape
+// Whether oneDNN may run `s` in `direction`: enabled, allowed on this thread, and not a shape
 // mpq's kernels are measured faster on (blocked tensors always go to oneDNN). usable_plan: the
 // cached forward or backward-data plan for it, or null where mpq's kernels run instead (also where
 // oneDNN has no direct kernel for the shape).
 // oneDNN runs on OpenMP; its team size is the calling thread's setting, read when a primitive is
 // created (its work split is fixed then, and it later asks OpenMP for exactly that many threads),
 // so it is set first and is part of the cache key.
-bool onednn_runs(const DnnlConvShape& s) {
+bool onednn_runs(const DnnlConvShape& s, Direction direction) {
   if (!onednn_enabled() || !onednn_allowed_here()) return false;
   // Blocked tensors go to oneDNN whenever it has a direct kernel: mpq's would convert both ways.
   return g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always) || s.blocked() ||
-         !mpq_is_faster(s);
+         !mpq_is_faster(s, direction);
 }
 
 std::shared_ptr<Plan> usable_plan(int threads, const DnnlConvShape& s, Direction direction) {
-  if (!onednn_runs(s)) return nullptr;
+  if (!onednn_runs(s, direction)) return nullptr;
   const int team = team_size(s, threads);
   if (omp_get_max_threads() != team) omp_set_num_threads(team);
   std::shared_ptr<Plan> p = cache().get(s, team, direction);
@@ -796,21 +805,7 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   return true;
 }
 
-// oneDNN's backward-data kernels pad the channels to their block. `bench_conv_grad` (batch 64,
-// 3x3 at 28x28, one thread, AVX-512) measured dX slower than mpq's wherever the input channels were
-// not a multiple of the block (1-12 channels: 1.4-3.4x mpq's time; 16: 0.64x), and with 3 output
-// channels (3.1x); 8 and 24 output channels were 0.85x and 0.94x. The weight gradient had no such
-// pattern (0.3-0.7x on these shapes, 1.1x on one).
-namespace {
-bool backward_data_pays(const DnnlConvShape& s) {
-  if (g_override.load(std::memory_order_relaxed) == static_cast<int>(OnednnUse::Always)) return true;
-  const int64_t block = onednn_channel_block();
-  return block > 0 && (s.c / s.group) % block == 0 && s.m / s.group >= 8;
-}
-}  // namespace
-
 bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const float* w, const float* dy, float* dx) {
-  if (!backward_data_pays(s)) return false;
   const std::shared_ptr<Plan> p = usable_plan(pool.size(), s, Direction::Data);
   if (!p) return false;
   thread_local Scratch s_dy, s_wei, s_dx;
@@ -837,7 +832,7 @@ bool onednn_conv_backward_data(ThreadPool& pool, const DnnlConvShape& s, const f
 }
 
 bool onednn_conv_backward_weights(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* dy, float* dw) {
-  if (s.n <= 0 || !onednn_runs(s)) return false;
+  if (s.n <= 0 || !onednn_runs(s, Direction::Weights)) return false;
   // Blocks of images by the shape alone, each on one thread: the plans are made for a team of one.
   const int64_t per = std::min(s.n, kImagesPerWeightBlock);
   const int64_t blocks = (s.n + per - 1) / per, tail = s.n - (blocks - 1) * per;
