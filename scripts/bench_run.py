@@ -71,7 +71,9 @@ def time_ort(sess, feeds, repeat):
     return statistics.median(times)
 
 
-def time_mpq(mpq, model, feeds, repeat, threads):
+def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None):
+    """Median latency in ms of `mpq run --repeat`; appends how mpq's idle threads waited ("spin",
+    or "sleep" where the machine looked busy when mpq started) to idle_modes if given."""
     with tempfile.TemporaryDirectory() as d:
         feed_dir = os.path.join(d, "feed_0")
         os.makedirs(feed_dir)
@@ -81,7 +83,10 @@ def time_mpq(mpq, model, feeds, repeat, threads):
                              capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(out.stderr.strip())
-        return json.loads(out.stdout)["latency_ms"]["median"]
+        j = json.loads(out.stdout)
+        if idle_modes is not None:
+            idle_modes.append(j.get("idle_threads", "unknown"))
+        return j["latency_ms"]["median"]
 
 
 def int8_models(mpq, folder):

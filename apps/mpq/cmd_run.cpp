@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <vector>
 
@@ -44,6 +45,15 @@ double percentile(std::vector<double> v, double p) {
   size_t hi = std::min(lo + 1, v.size() - 1);
   double frac = pos - static_cast<double>(lo);
   return v[lo] * (1 - frac) + v[hi] * frac;
+}
+
+// How the run's idle threads wait between parallel loops, as main.cpp chose at start (spin on a
+// quiet machine, sleep on a busy one) or "user" where OMP_WAIT_POLICY / GOMP_SPINCOUNT came from
+// the user. Printed because a busy start (a benchmark started beside another program) makes a
+// batch-1 run on two threads up to twice as slow, and the latency alone would not say why.
+std::string idle_threads() {
+  const char* chosen = std::getenv("MPQ_IDLE_THREADS");
+  return chosen != nullptr ? chosen : "user";
 }
 
 // --profile: per op type, calls and milliseconds per timed run and share of the run's latency (the
@@ -144,6 +154,7 @@ int run_command(const RunOpts& o) {
     j["model"] = o.model;
     j["device"] = rt::backend_name(backend);
     j["threads"] = exec.pool().size();
+    j["idle_threads"] = idle_threads();
     j["feeds"] = feeds.size();
     j["outputs"] = nlohmann::json::array();
     for (size_t k = 0; k < out_names.size(); ++k)
@@ -162,8 +173,9 @@ int run_command(const RunOpts& o) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("ran {} on {} feed(s) from {} ({}, {} threads) in {:.2f} s\n", o.model, feeds.size(), o.data,
-                           rt::backend_name(backend), exec.pool().size(), total_s);
+  std::cout << fmt::format("ran {} on {} feed(s) from {} ({}, {} threads{}) in {:.2f} s\n", o.model, feeds.size(), o.data,
+                           rt::backend_name(backend), exec.pool().size(),
+                           exec.pool().size() > 1 ? fmt::format(", idle threads {}", idle_threads()) : "", total_s);
   for (size_t k = 0; k < out_names.size(); ++k)
     std::cout << fmt::format("  output {}: {}{}\n", out_names[k], dtype_name(out_types[k]), shape_str(first_shapes[k]));
   if (o.repeat > 0) {

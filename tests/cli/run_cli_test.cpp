@@ -3,6 +3,10 @@
 // channel-blocked convolutions) giving the outputs of the graph as written (--no-fusion).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "data/npy.h"
@@ -46,6 +50,57 @@ TEST_CASE("mpq run --profile reports time per op type over the timed runs", "[cl
   REQUIRE(text.exit_code == 0);
   CHECK_THAT(text.out, Catch::Contains("time per op type") && Catch::Contains("mpq::FusedConv") &&
                            Catch::Contains("(between nodes)"));
+}
+
+namespace {
+
+// Sets (or, with nullptr, unsets) an environment variable for the scope; mpq inherits it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("mpq run says how its idle threads wait", "[cli][run]") {
+  const std::vector<std::string> args{"run", model_path("resnet_bn_op17").string(), "--data",
+                                      data_path("resnet_bn_op17").string(), "--max-samples", "1", "--threads", "2"};
+  auto with = [&](const std::string& extra) {
+    std::vector<std::string> a = args;
+    if (!extra.empty()) a.push_back(extra);
+    return test::run_mpq(a);
+  };
+  ScopedEnv set_by_main("MPQ_THREAD_ENV_SET", nullptr), chosen("MPQ_IDLE_THREADS", nullptr);
+  SECTION("the user's OMP_WAIT_POLICY is kept and reported as theirs") {
+    ScopedEnv policy("OMP_WAIT_POLICY", "PASSIVE"), spin("GOMP_SPINCOUNT", nullptr);
+    const auto j = with("--json");
+    INFO(j.err);
+    REQUIRE(j.exit_code == 0);
+    CHECK(nlohmann::json::parse(j.out)["idle_threads"] == "user");
+    const auto text = with("");
+    REQUIRE(text.exit_code == 0);
+    CHECK_THAT(text.out, Catch::Contains("(cpu, 2 threads, idle threads user)"));
+  }
+  SECTION("otherwise mpq's own choice: spin on a quiet machine, sleep on a busy one") {
+    ScopedEnv policy("OMP_WAIT_POLICY", nullptr), spin("GOMP_SPINCOUNT", nullptr);
+    const auto j = with("--json");
+    INFO(j.err);
+    REQUIRE(j.exit_code == 0);
+    const std::string mode = nlohmann::json::parse(j.out)["idle_threads"].get<std::string>();
+    CHECK((mode == "spin" || mode == "sleep"));
+  }
 }
 
 TEST_CASE("mpq run --profile without --repeat is a usage error", "[cli][run][profile][negative]") {
