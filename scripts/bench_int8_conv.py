@@ -15,7 +15,9 @@ quantize --mode static` into DIR, as bench_run.py does), this prints:
         requantization in the output scales (how an INT8 engine chains its convolutions);
 and per model the sums, the model's FakeQuant time (the passes an INT8 chain would fold into its
 convolutions' outputs) and its whole latency. The convolutions are timed alone (input in cache),
-the model's in a run; the sums say where INT8 would pay, not what a model would take.
+the model's in a run (means per node, with the profiler's own cost per node; the model's latency is
+the median of the same profiled runs): the sums say where INT8 would pay, not what a model would
+take.
 """
 import argparse
 import json
@@ -46,8 +48,12 @@ def conv_shapes(path, batch):
         a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
         x, w = dims[n.input[0]], inits[n.input[1]]
         group, stride, pad = a.get("group", 1), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
-        if x[2] != x[3] or w[2] != w[3] or stride[0] != stride[1] or len(set(pad)) != 1:
-            raise SystemExit(f"{path}: {n.name}: only square convolutions are handled here")
+        auto_pad = a.get("auto_pad", b"NOTSET")
+        if x[2] != x[3] or w[2] != w[3] or stride[0] != stride[1] or len(set(pad)) != 1 \
+                or auto_pad not in (b"NOTSET", b"") or any(d != 1 for d in a.get("dilations", [1, 1])):
+            raise SystemExit(f"{path}: {n.name}: only square, explicitly padded, undilated convolutions are handled here")
+        if x[1] != w[1] * group:
+            raise SystemExit(f"{path}: {n.name}: {x[1]} input channels, but weights for {w[1] * group}")
         out.append((n.name, f"{batch},{x[1]},{x[2]},{w[0]},{w[1]},{w[2]},{stride[0]},{pad[0]}"))
     return out
 
@@ -75,7 +81,7 @@ def model_profile(mpq, model, feeds, repeat, threads):
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip())
     j = json.loads(out.stdout)
-    return j["latency_ms"]["median"], j["profile"]
+    return j["latency_ms"]["median"], j["profile"], j.get("idle_threads", "unknown")
 
 
 def main():
@@ -103,12 +109,12 @@ def main():
             shapes = conv_shapes(src, batch)
             feeds = br.make_inputs(sess, batch, seed=batch)
             for threads in [int(t) for t in args.threads.split(",")]:
-                latency, profile = model_profile(args.mpq, q, feeds, args.repeat, threads)
+                latency, profile, idle = model_profile(args.mpq, q, feeds, args.repeat, threads)
                 in_model = {p["node"]: p["ms_per_run"] * 1000.0 for p in profile if "node" in p}
                 fake_quant = sum(p["ms_per_run"] for p in profile if p["op"] == "mpq::FakeQuant") * 1000.0
                 timed = driver_rows(args.driver, shapes, threads, args.repeat)
-                print(f"\n{name} INT8, batch {batch}, {threads} thread(s): model {latency * 1000.0:.1f} us, "
-                      f"its FakeQuant passes {fake_quant:.1f} us")
+                print(f"\n{name} INT8, batch {batch}, {threads} thread(s): model {latency * 1000.0:.1f} us (median, "
+                      f"profiled), its FakeQuant passes {fake_quant:.1f} us (mean), idle threads {idle}")
                 print(f"  {'convolution':<34} {'N,C,H,M,CG,K,S,P':<22} {'mpq':>8} {'f32':>8} {'s8':>8} {'s8/mpq':>7}")
                 sums = [0.0, 0.0, 0.0]
                 for (node, shape), (f32, s8) in zip(shapes, timed):
@@ -121,7 +127,7 @@ def main():
                       f"{sums[2]:8.2f} {sums[2] / sums[0]:7.2f}", flush=True)
                 summary.append({"model": name, "batch": batch, "threads": threads, "model_us": latency * 1000.0,
                                 "fake_quant_us": fake_quant, "mpq_conv_us": sums[0], "onednn_f32_us": sums[1],
-                                "onednn_s8_us": sums[2]})
+                                "onednn_s8_us": sums[2], "idle_threads": idle})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -72,8 +72,9 @@ def time_ort(sess, feeds, repeat):
 
 
 def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None):
-    """Median latency in ms of `mpq run --repeat`; appends how mpq's idle threads waited ("spin",
-    or "sleep" where the machine looked busy when mpq started) to idle_modes if given."""
+    """Median latency in ms of `mpq run --repeat`; appends how mpq's idle threads waited to
+    idle_modes if given: "spin", "sleep" (the machine looked busy when mpq started), "user"
+    (OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the caller) or "unknown" (an older mpq)."""
     with tempfile.TemporaryDirectory() as d:
         feed_dir = os.path.join(d, "feed_0")
         os.makedirs(feed_dir)

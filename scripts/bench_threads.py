@@ -83,7 +83,7 @@ def main():
                   f" gain {row['mpq_gain']:.2f}   ORT {row['ort_ms']['1']:.3f} -> {row['ort_ms'][str(args.threads)]:.3f} ms"
                   f" gain {row['ort_gain']:.2f}   mpq >= ORT in {row['rounds_at_least_ort']}/{args.rounds} rounds"
                   f"{'' if row['meets'] else '   *'}"
-                  f"{'   (mpq found the machine busy in ' + str(row['mpq_runs_sleeping']) + ' runs)' if row['mpq_runs_sleeping'] else ''}",
+                  f"{'   (mpq found the machine busy in ' + str(row['mpq_runs_sleeping']) + ' of ' + str(2 * args.rounds) + ' runs)' if row['mpq_runs_sleeping'] else ''}",
                   flush=True)
     met = sum(r["meets"] for r in rows)
     print(f"goal met (median gain >= ORT's and > 1) on {met} of {len(rows)} rows")

@@ -50,7 +50,8 @@ double percentile(std::vector<double> v, double p) {
 // How the run's idle threads wait between parallel loops, as main.cpp chose at start (spin on a
 // quiet machine, sleep on a busy one) or "user" where OMP_WAIT_POLICY / GOMP_SPINCOUNT came from
 // the user. Printed because a busy start (a benchmark started beside another program) makes a
-// batch-1 run on two threads up to twice as slow, and the latency alone would not say why.
+// batch-1 run on two threads about twice as slow (U-Net INT8: 0.9-1.0 ms against 0.4-0.5), and
+// the latency alone would not say why.
 std::string idle_threads() {
   const char* chosen = std::getenv("MPQ_IDLE_THREADS");
   return chosen != nullptr ? chosen : "user";

@@ -122,7 +122,8 @@ bool machine_busy() {
 // OpenBLAS and glibc read these variables when they are loaded (before main), so mpq sets them
 // and runs itself again; values the user set are kept (OMP_WAIT_POLICY or GOMP_SPINCOUNT set: mpq
 // sets neither; a GLIBC_TUNABLES that names tcache_count is left as it is, another one gets the
-// setting appended). MPQ_IDLE_THREADS says what was chosen (spin or sleep).
+// setting appended). MPQ_IDLE_THREADS says what was chosen (spin or sleep; unset where the user
+// chose), for `mpq run` to report.
 void set_runtime_environment(char** argv) {
   if (std::getenv("MPQ_THREAD_ENV_SET") != nullptr) return;  // already re-run
   bool changed = false;
@@ -130,6 +131,8 @@ void set_runtime_environment(char** argv) {
     const bool busy = machine_busy();
     changed |= setenv(busy ? "OMP_WAIT_POLICY" : "GOMP_SPINCOUNT", busy ? "PASSIVE" : "20000", 1) == 0;
     setenv("MPQ_IDLE_THREADS", busy ? "sleep" : "spin", 1);
+  } else {
+    unsetenv("MPQ_IDLE_THREADS");  // the user's setting (one inherited from another mpq would be stale)
   }
   if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) changed |= setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0;
   const char* tunables = std::getenv("GLIBC_TUNABLES");
@@ -140,6 +143,7 @@ void set_runtime_environment(char** argv) {
     changed |= setenv("GLIBC_TUNABLES", (std::string(tunables) + ":" + tcache).c_str(), 1) == 0;
   if (!changed || setenv("MPQ_THREAD_ENV_SET", "1", 1) != 0) return;
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the defaults
+  setenv("MPQ_IDLE_THREADS", "libgomp default", 1);  // libgomp read its variables before main
 }
 
 }  // namespace

@@ -11,11 +11,15 @@
 // channel-blocked layout between convolutions) and on mpq's kernels elsewhere; the script reads
 // those in-model times from `mpq run --profile-nodes`. Per convolution, with bias and ReLU, median
 // microseconds of one execution, the same convolution again and again:
-//   f32        oneDNN's FP32 convolution alone, layouts of oneDNN's choice (channel-blocked for most
-//              shapes: what mpq runs between two oneDNN convolutions of a model);
+//   f32        oneDNN's FP32 convolution alone, layouts of oneDNN's choice (channel-blocked; mpq
+//              keeps that layout between two oneDNN convolutions only where the channels are a
+//              multiple of its block, and runs the others on plain tensors);
 //   s8         oneDNN's INT8 convolution as an INT8 engine would chain them: int8 activations in and
 //              out (symmetric, mpq's default for CNNs), int8 weights with per-channel scales, the
 //              requantization folded into the output scales, layouts of oneDNN's choice.
+// Every convolution gets ReLU, and signed int8 input: oneDNN computes a compensation term for
+// signed input that unsigned input (after a ReLU, with an asymmetric uint8 range) would not need,
+// so s8 is if anything slower than an INT8 engine could be.
 #include <omp.h>
 
 #include <algorithm>
@@ -58,7 +62,8 @@ ConvShape parse_shape(const std::string& text) {
   }
   if (v.size() != 8) fail_input("--conv {}: expected N,C,H,M,CG,K,S,P", text);
   ConvShape s{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
-  if (s.cg <= 0 || s.c % s.cg != 0 || s.m % s.groups() != 0 || s.out() <= 0)
+  if (std::min({s.n, s.c, s.h, s.m, s.cg, s.k, s.s}) < 1) fail_input("--conv {}: sizes must be at least 1", text);
+  if ( s.c % s.cg != 0 || s.m % s.groups() != 0 || s.out() <= 0)
     fail_input("--conv {}: inconsistent shape", text);
   return s;
 }
@@ -126,7 +131,11 @@ double onednn_us(const ConvShape& sh, bool int8, int threads, int repeat) {
   memory w_plain = filled(memory::desc(wdims, int8 ? dt::s8 : dt::f32, grouped ? tag::goihw : tag::oihw), int8 ? dt::s8 : dt::f32);
   memory w(pd.weights_desc(), eng);
   dnnl::reorder(w_plain, w).execute(stream, w_plain, w);
-  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, filled(pd.src_desc(), adt)},
+  // The input likewise: a blocked layout pads the channels to its block, and those must be zero.
+  memory src_plain = filled(memory::desc({sh.n, sh.c, sh.h, sh.h}, adt, tag::nchw), adt);
+  memory src(pd.src_desc(), eng);
+  dnnl::reorder(src_plain, src).execute(stream, src_plain, src);
+  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
                                              {DNNL_ARG_WEIGHTS, w},
                                              {DNNL_ARG_BIAS, filled(bd, dt::f32)},
                                              {DNNL_ARG_DST, memory(pd.dst_desc(), eng)}};
