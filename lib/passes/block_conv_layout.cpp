@@ -93,6 +93,14 @@ PassStats BlockConvLayout::run(ir::Model& model) {
   std::vector<char> channels_last(producers.size(), 0);
   for (size_t e = 0; e < producers.size(); ++e)
     if (output_channels(*producers[e]) % block_ != 0) channels_last[find(e)] = 1;
+  // oneDNN's int8 kernels (passes/int8_conv) take NHWC in and out only: a group with such a
+  // convolution is kept channels-last, where its float convolutions run directly too.
+  if (channels_last_)
+    for (size_t e = 0; e < producers.size(); ++e) {
+      bool int8 = producers[e]->has_attr("int8_scales");
+      for (const ir::Use& u : readers[e]) int8 = int8 || u.node->has_attr("int8_scales");
+      if (int8) channels_last[find(e)] = 1;
+    }
 
   for (size_t e = 0; e < producers.size(); ++e) {
     ir::Node* p = producers[e];

@@ -7,9 +7,6 @@
 
 namespace mpq::passes {
 
-namespace {
-
-// The FakeQuant's [scale, lo, hi] when they are constants of the kind the fused epilogue takes.
 bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi) {
   if (fq.domain != rt::cpu::kFakeQuantDomain || fq.op_type != rt::cpu::kFakeQuantOp) return false;
   if (fq.num_inputs() < 2 || fq.num_outputs() != 1 || !fq.output(0)) return false;
@@ -32,6 +29,8 @@ bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi) {
   hi = static_cast<float>(qmax - zp);
   return true;
 }
+
+namespace {
 
 // The float32 Conv / FusedConv whose output only this node reads.
 ir::Node* fusable_producer(const ir::Model& model, const ir::Node& fq) {

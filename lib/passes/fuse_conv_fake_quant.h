@@ -17,6 +17,10 @@ namespace mpq::passes {
 // convolution has no fake_quant yet; scale (float32) and zero point (any integer type) are
 // constant scalars; qmin and qmax lie within +-2^24, where they and their difference with the zero
 // point are exact in float32.
+// The FakeQuant's [scale, lo, hi] (lo and hi relative to the zero point) when they are constants
+// of the kind the fused epilogue takes; false otherwise.
+bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi);
+
 class FuseConvFakeQuant : public NodeRewritePass {
  public:
   std::string name() const override { return "fuse_conv_fake_quant"; }

@@ -13,6 +13,7 @@
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
 #include "passes/fuse_qdq_pair.h"
+#include "passes/int8_conv.h"
 #include "passes/pass.h"
 #include "passes/quant_placement.h"
 #include "runtime/devices.h"
@@ -44,11 +45,14 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   FuseMatMulBias fuse_matmul_bias;
   FuseQdqPair fuse_qdq;
   FuseConvFakeQuant fuse_conv_fq;
+  MarkInt8Conv int8_conv;
   std::vector<Pass*> pipeline = {&fold, &fuse_bn};
   // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
-  if (backend == rt::BackendKind::CPU)
+  if (backend == rt::BackendKind::CPU) {
     pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq});
+    if (int8_conv_enabled()) pipeline.push_back(&int8_conv);
+  }
   std::vector<std::string> notes;
   for (Pass* pass : pipeline)
     for (std::string& note : run_pass(*pass, model).notes) notes.push_back(std::move(note));

@@ -13,6 +13,7 @@
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
 #include "passes/fuse_conv_fake_quant.h"
+#include "passes/int8_conv.h"
 #include "passes/fuse_qdq_pair.h"
 #include "passes/quantize_dynamic.h"
 
@@ -77,6 +78,7 @@ void register_all_passes(PassRegistry& r) {
   r.add("fuse_matmul_bias", [] { return std::make_unique<FuseMatMulBias>(); });
   r.add("fuse_qdq_pair", [] { return std::make_unique<FuseQdqPair>(); });
   r.add("fuse_conv_fake_quant", [] { return std::make_unique<FuseConvFakeQuant>(); });
+  r.add("mark_int8_conv", [] { return std::make_unique<MarkInt8Conv>(); });
   // The AVX2 block; `mpq run` constructs it with the block of the CPU it runs on.
   r.add("block_conv_layout", [] { return std::make_unique<BlockConvLayout>(8); });
   r.add("convert_precision", [] { return std::make_unique<ConvertPrecision>(); });

@@ -75,6 +75,9 @@ struct Epilogue {
   enum class Quant { None, Narrow, Wide };  // Wide: fake_quant_wide(fq_lo, fq_hi)
   Quant quant = Quant::None;
   float fq_scale = 1.0f, fq_lo = 0.0f, fq_hi = 0.0f;
+  // mpq::FusedConv's int8_scales (passes/int8_conv): oneDNN may run the convolution in integers.
+  // mpq's kernels ignore it: the same products in float.
+  const Int8ConvScales* int8 = nullptr;
   bool active() const { return act != Act::None || z != nullptr || quant != Quant::None; }
 };
 
@@ -439,6 +442,7 @@ DnnlConvShape dnnl_shape(int64_t N, int64_t C, int64_t M, int64_t G, const Windo
   }
   s.p0 = e.p0;
   s.p1 = e.p1;
+  s.int8 = e.int8;
   if (e.quant != Epilogue::Quant::None) {
     s.fake_quant = true;
     s.fq_scale = e.fq_scale;
@@ -621,6 +625,9 @@ BlockedIo read_blocked_io(const KernelContext& ctx, const Tensor& x, int64_t M, 
 void conv_blocked_fallback(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, int64_t G,
                            const Window& win, Epilogue epi, const BlockedIo& io, Tensor& y) {
   ThreadPool& pool = ctx.pool();
+  // oneDNN declined the blocked shape: in float from here (an int8 plan on the plain copies would
+  // reorder the weights on every call, with no node state to keep them).
+  epi.int8 = nullptr;
   const int64_t N = x.dim(0);
   const int64_t xs = x.dim(2) * x.dim(3), ys = y.dim(2) * y.dim(3);
   // Depthwise from a blocked X: computed in X's blocks (then unblocked if Y is plain), with the
@@ -669,6 +676,7 @@ struct ConvSetup {
   Shape yshape;
   Epilogue epi;  // its z is set per call
   BlockedIo io;
+  std::shared_ptr<const Int8ConvScales> int8;  // epi.int8 points here
 
   bool matches(const Tensor& x, const Tensor& w, const Tensor* b, bool z) const {
     return dtype != DType::Undefined && x.dtype() == dtype && w.dtype() == dtype && has_b == (b != nullptr) &&
@@ -681,6 +689,34 @@ struct ConvSetup {
 // executor lets this node reuse it and it is not X's buffer too.
 bool z_dies_here(const KernelContext& ctx, const Tensor& x, const Epilogue& epi) {
   return epi.z && ctx.input_reusable(3) && !ctx.input(3).same_buffer(x);
+}
+
+// FusedConv's int8_scales = [x_scale, w_scale[0], ..., w_scale[M - 1]] (passes/int8_conv) as the
+// factors oneDNN's int8 convolution takes; null without the attribute, or where W or B is not a
+// graph constant (the pass checked the constants' values: W on the scales' integer grid).
+std::shared_ptr<const Int8ConvScales> read_int8_scales(const KernelContext& ctx, const Tensor& w, const Tensor* b,
+                                                       int64_t G) {
+  const ir::Node& n = ctx.node();
+  if (n.attr("int8_scales") == nullptr) return nullptr;
+  const std::vector<float> v = n.attr_floats("int8_scales", {});
+  const int64_t M = w.dim(0);
+  if (static_cast<int64_t>(v.size()) != M + 1)
+    ctx.fail("int8_scales must hold 1 + {} scales (X's, then one per output channel), got {}", M, v.size());
+  for (const float f : v)
+    if (!(f > 0.0f) || !std::isfinite(f)) ctx.fail("int8_scales must be positive finite numbers, got {}", f);
+  const bool constants = n.input(1)->is_constant() && (!b || n.input(2)->is_constant());
+  if (G != 1 || w.dtype() != DType::Float32 || !constants) return nullptr;
+  auto q = std::make_shared<Int8ConvScales>();
+  q->x_inv = 1.0f / v[0];
+  q->w_inv.resize(static_cast<size_t>(M));
+  q->out.resize(static_cast<size_t>(M));
+  if (b) q->bias.resize(static_cast<size_t>(M));
+  for (size_t m = 0; m < static_cast<size_t>(M); ++m) {
+    q->w_inv[m] = 1.0f / v[m + 1];
+    q->out[m] = v[0] * v[m + 1];
+    if (b) q->bias[m] = b->data<float>()[m] / q->out[m];
+  }
+  return q;
 }
 
 // Checks the inputs and attributes and derives the setup (every failure names the node).
@@ -701,6 +737,8 @@ void prepare_conv(const KernelContext& ctx, const Tensor& x, const Tensor& w, co
   st.yshape = Shape{x.dim(0), M};
   st.yshape.insert(st.yshape.end(), st.win.out.begin(), st.win.out.end());
   st.epi = read_epilogue(ctx, x, st.yshape);
+  st.int8 = read_int8_scales(ctx, w, b, G);
+  st.epi.int8 = st.int8.get();
   st.io = read_blocked_io(ctx, x, M, st.epi.z != nullptr);
   st.has_z = st.epi.z != nullptr;
   st.epi.z = nullptr;

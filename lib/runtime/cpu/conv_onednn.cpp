@@ -33,10 +33,12 @@ namespace {
 std::atomic<int> g_override{-1};
 std::atomic<uint64_t> g_conv_count{0};
 std::atomic<uint64_t> g_split_count{0};
+std::atomic<uint64_t> g_int8_count{0};
 }  // namespace
 
 uint64_t onednn_conv_count() { return g_conv_count.load(std::memory_order_relaxed); }
 uint64_t onednn_batch_split_count() { return g_split_count.load(std::memory_order_relaxed); }
+uint64_t onednn_int8_conv_count() { return g_int8_count.load(std::memory_order_relaxed); }
 
 bool onednn_available() {
 #if MPQ_HAVE_ONEDNN
@@ -107,13 +109,13 @@ using dt = memory::data_type;
 // Everything DnnlConvShape holds, the OpenMP team size and the direction, as a hashable key.
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float,
-                       float, int, int, int64_t, int64_t, int64_t, bool, float, float, float>;
+                       float, int, int, int64_t, int64_t, int64_t, bool, float, float, float, bool>;
 // What a plan computes: the forward, dX (backward data) or dW (backward weights).
 enum class Direction { Forward, Data, Weights };
 Key key_of(const DnnlConvShape& s, int threads, Direction direction) {
   return {s.n,  s.c,  s.m,  s.group, s.ih, s.iw, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.pb, s.pr,
           s.oh, s.ow, s.bias, s.residual, static_cast<int>(s.act), s.p0, s.p1, threads, static_cast<int>(direction), s.x_block,
-          s.z_block, s.y_block, s.fake_quant, s.fq_scale, s.fq_lo, s.fq_hi};
+          s.z_block, s.y_block, s.fake_quant, s.fq_scale, s.fq_lo, s.fq_hi, s.int8 != nullptr};
 }
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -156,6 +158,14 @@ struct Plan {
   std::unique_ptr<float> fq_scale;
   memory fq_scale_mem;
   int fq_scale_arg = 0;  // DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1
+  // In integers (DnnlConvShape::int8): src_in and wei_in scale by a per-call factor (1 / x_scale,
+  // 1 / w_scale per output channel), and the first post-op multiplies by the per-channel `out`.
+  bool int8 = false;
+  memory::desc x_scale_desc, w_scale_desc, out_scale_desc;
+  // Their scratch memory, given per call (user mode): with library-managed scratch, oneDNN keeps
+  // one buffer per primitive, and a scaling reorder run by two threads at once (the batch split
+  // over single-thread executors) gave wrong results.
+  size_t src_in_pad_bytes = 0, wei_in_pad_bytes = 0;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -167,6 +177,8 @@ struct Plan {
 dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
   dnnl::post_ops po;
   using A = dnnl::algorithm;
+  // In integers: the int32 sums (plus the divided bias) back to float first, per output channel.
+  if (s.int8) po.append_binary(A::binary_mul, memory::desc({1, s.m, 1, 1}, dt::f32, tag::nchw));
   // Y = act(conv + bias + Z): the sum post-op adds what the destination holds before the
   // convolution writes it, so Z is copied (reordered) into the destination first.
   if (s.residual) po.append_sum(1.0f);
@@ -303,6 +315,12 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->user_z = activation_desc(dst, s.z_block);
   p->user_wei = memory::desc(wei, dt::f32, s.group > 1 ? tag::goihw : tag::oihw);
   p->user_bias = s.bias ? memory::desc({s.m}, dt::f32, tag::x) : memory::desc();
+  // In integers: int8 source and weights in layouts of oneDNN's choice (X arrives in its float
+  // layout and is reordered every call); group 1 only, where one scale per output channel is one
+  // per weight row.
+  p->int8 = s.int8 != nullptr;
+  if (p->int8 && s.group != 1) return p;
+  const dt in_type = p->int8 ? dt::s8 : dt::f32;
   dnnl::primitive_attr attr;
   const dnnl::post_ops po = post_ops_of(s);
   attr.set_post_ops(po);
@@ -319,7 +337,7 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   // channel-blocked is taken (or written) in that layout, so that no reorder is needed.
   auto d = dnnl::convolution_forward::desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      s.x_block ? p->user_src : memory::desc(src, dt::f32, tag::any), memory::desc(wei, dt::f32, tag::any),
+      s.x_block && !p->int8 ? p->user_src : memory::desc(src, in_type, tag::any), memory::desc(wei, in_type, tag::any),
       p->user_bias, s.y_block ? p->user_dst : memory::desc(dst, dt::f32, tag::any), {s.sh, s.sw},
       {s.dh - 1, s.dw - 1}, {s.pt, s.pl}, {s.pb, s.pr});
   p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
@@ -335,9 +353,27 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   p->reorder_wei = p->pd.weights_desc() != p->user_wei;
   p->reorder_dst = p->pd.dst_desc() != p->user_dst;
   p->reorder_z = s.residual && p->pd.dst_desc() != p->user_z;
-  if (p->reorder_src) p->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_src, engine(), p->pd.src_desc()));
-  if (p->reorder_wei)
-    p->wei_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_wei, engine(), p->pd.weights_desc()));
+  // Quantizing reorders: round(x * scale), half to even, saturated (the scale given per call).
+  dnnl::primitive_attr x_scaled, w_scaled;
+  if (p->int8) {
+    x_scaled.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+    w_scaled.set_output_scales(1 << 0, {DNNL_RUNTIME_F32_VAL});
+    x_scaled.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    w_scaled.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    p->x_scale_desc = memory::desc({1}, dt::f32, tag::x);
+    p->w_scale_desc = memory::desc({s.m}, dt::f32, tag::x);
+    p->out_scale_desc = memory::desc({1, s.m, 1, 1}, dt::f32, tag::nchw);
+  }
+  if (p->reorder_src) {
+    const dnnl::reorder::primitive_desc rpd(engine(), p->user_src, engine(), p->pd.src_desc(), x_scaled);
+    p->src_in = dnnl::reorder(rpd);
+    if (p->int8) p->src_in_pad_bytes = rpd.scratchpad_desc().get_size();
+  }
+  if (p->reorder_wei) {
+    const dnnl::reorder::primitive_desc rpd(engine(), p->user_wei, engine(), p->pd.weights_desc(), w_scaled);
+    p->wei_in = dnnl::reorder(rpd);
+    if (p->int8) p->wei_in_pad_bytes = rpd.scratchpad_desc().get_size();
+  }
   if (p->reorder_dst)
     p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
   if (p->reorder_z) p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_z, engine(), p->pd.dst_desc()));
@@ -546,6 +582,7 @@ namespace {
 struct Bound {
   std::shared_ptr<Plan> plan;
   memory usrc, udst, uwei, uz, src, dst, wei, bias, pad;
+  memory x_scale, w_scale, out_scale;  // in integers: the per-call scales (Int8ConvScales)
   std::unordered_map<int, memory> args;
 
   explicit Bound(std::shared_ptr<Plan> p) : plan(std::move(p)) {
@@ -565,6 +602,12 @@ struct Bound {
       args.emplace(DNNL_ARG_BIAS, bias);
     }
     if (q.fq_scale) args.emplace(q.fq_scale_arg, q.fq_scale_mem);
+    if (q.int8) {
+      x_scale = memory(q.x_scale_desc, eng, DNNL_MEMORY_NONE);
+      w_scale = memory(q.w_scale_desc, eng, DNNL_MEMORY_NONE);
+      out_scale = memory(q.out_scale_desc, eng, DNNL_MEMORY_NONE);
+      args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, out_scale);
+    }
   }
 };
 
@@ -610,10 +653,29 @@ namespace {
 // thread, 4.0 us on two, DNNL_VERBOSE). A reorder copies values, so the result is the same.
 constexpr int64_t kMinSplitReorder = 64 * 1024;
 
-void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory& from, memory& to, int64_t elements) {
+// The scratch memory of a quantizing reorder (user mode, see Plan::src_in_pad_bytes), per thread.
+memory reorder_scratch(size_t bytes) {
+  thread_local Scratch s_reorder_pad;
+  const size_t size = std::max<size_t>(bytes, 1);
+  return memory(memory::desc({static_cast<memory::dim>(size)}, dt::u8, tag::x), engine(), s_reorder_pad.get(size));
+}
+
+// `scale`, where given: the quantizing reorder's runtime scale (DnnlConvShape::int8), `pad_bytes`
+// its scratch memory.
+void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory& from, memory& to, int64_t elements,
+                     const memory* scale = nullptr, size_t pad_bytes = 0) {
+  auto run = [&] {
+    if (scale)
+      r.execute(stream, {{DNNL_ARG_FROM, from},
+                         {DNNL_ARG_TO, to},
+                         {DNNL_ARG_ATTR_OUTPUT_SCALES, *scale},
+                         {DNNL_ARG_SCRATCHPAD, reorder_scratch(pad_bytes)}});
+    else
+      r.execute(stream, from, to);
+  };
   const int team = omp_get_max_threads();
   if (team == 1 || elements >= kMinSplitReorder) {
-    r.execute(stream, from, to);
+    run();
     return;
   }
   struct RestoreTeam {
@@ -621,18 +683,32 @@ void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory&
     ~RestoreTeam() { omp_set_num_threads(team); }
   } restore{team};
   omp_set_num_threads(1);
-  r.execute(stream, from, to);
+  run();
+}
+
+// W into p's weight layout (to), quantized to int8 with s.int8's scales where the plan is in
+// integers.
+void reorder_weights(const Plan& p, const DnnlConvShape& s, const dnnl::stream& stream, memory& from, memory& to) {
+  if (!p.int8) {
+    p.wei_in.execute(stream, from, to);
+    return;
+  }
+  memory scale(p.w_scale_desc, engine(), const_cast<float*>(s.int8->w_inv.data()));
+  p.wei_in.execute(stream, {{DNNL_ARG_FROM, from},
+                            {DNNL_ARG_TO, to},
+                            {DNNL_ARG_ATTR_OUTPUT_SCALES, scale},
+                            {DNNL_ARG_SCRATCHPAD, reorder_scratch(p.wei_in_pad_bytes)}});
 }
 
 int current_policy() { return (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1); }
 
 // Constant weights w in p's layout, kept in st: reordered once per plan and source.
-const float* kept_weights(OnednnConvState::Impl& st, const std::shared_ptr<Plan>& p, const float* w,
-                          const dnnl::stream& stream) {
+const float* kept_weights(OnednnConvState::Impl& st, const std::shared_ptr<Plan>& p, const DnnlConvShape& s,
+                          const float* w, const dnnl::stream& stream) {
   float* dst = st.weights.get(p->wei_bytes);
   if (st.source != w || st.reordered_for != p) {
     memory from(p->user_wei, engine(), const_cast<float*>(w)), to(p->pd.weights_desc(), engine(), dst);
-    p->wei_in.execute(stream, from, to);
+    reorder_weights(*p, s, stream, from, to);
     st.source = w;
     st.reordered_for = p;
   }
@@ -672,18 +748,23 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   thread_local dnnl::stream stream(engine());
   b.usrc.set_data_handle(const_cast<float*>(x));
   b.udst.set_data_handle(y);
+  if (p->int8) {
+    b.x_scale.set_data_handle(const_cast<float*>(&s.int8->x_inv));
+    b.out_scale.set_data_handle(const_cast<float*>(s.int8->out.data()));
+  }
   if (p->reorder_src) {
     b.src.set_data_handle(s_src.get(p->src_bytes));
-    execute_reorder(p->src_in, stream, b.usrc, b.src, s.n * s.c * s.ih * s.iw);
+    execute_reorder(p->src_in, stream, b.usrc, b.src, s.n * s.c * s.ih * s.iw, p->int8 ? &b.x_scale : nullptr,
+                    p->src_in_pad_bytes);
   }
   if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->dst_bytes));
   b.uwei.set_data_handle(const_cast<float*>(w));
   if (p->reorder_wei) {
     if (packed || st) {
-      b.wei.set_data_handle(const_cast<float*>(packed ? packed : kept_weights(*st, p, w, stream)));
+      b.wei.set_data_handle(const_cast<float*>(packed ? packed : kept_weights(*st, p, s, w, stream)));
     } else {
       b.wei.set_data_handle(s_wei.get(p->wei_bytes));
-      p->wei_in.execute(stream, b.uwei, b.wei);
+      reorder_weights(*p, s, stream, b.uwei, b.wei);
     }
   }
   if (s.residual) {
@@ -696,8 +777,9 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
     }
   }
   b.pad.set_data_handle(s_pad.get(p->pad_bytes));
-  if (s.bias) b.bias.set_data_handle(const_cast<float*>(bias));
+  if (s.bias) b.bias.set_data_handle(const_cast<float*>(p->int8 ? s.int8->bias.data() : bias));
   p->conv.execute(stream, b.args);
+  if (p->int8) g_int8_count.fetch_add(1, std::memory_order_relaxed);
   if (p->reorder_dst) execute_reorder(p->dst_out, stream, b.dst, b.udst, s.n * s.m * s.oh * s.ow);
   stream.wait();
   return true;
@@ -769,7 +851,7 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
   const float* packed = nullptr;
   if (st.split_weights_plan) {
     thread_local dnnl::stream stream(engine());
-    packed = kept_weights(st, st.split_weights_plan, w, stream);
+    packed = kept_weights(st, st.split_weights_plan, s, w, stream);
     stream.wait();
   }
   std::vector<char> ran(parts.size(), 0);

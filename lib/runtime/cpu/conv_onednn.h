@@ -11,6 +11,7 @@
 // all. Not a public API.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace mpq::rt {
 class ThreadPool;
@@ -22,6 +23,21 @@ struct Window3;
 
 // The activation of mpq::FusedConv, applied as a oneDNN post-op.
 enum class DnnlAct { None, Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, Tanh, HardSwish };
+
+// A convolution run in integers (mpq::FusedConv's int8_scales, passes/int8_conv): X holds integer
+// multiples of x_scale within [-128, 127] and W[m] integer multiples of w_scale[m] within
+// [-127, 127], so oneDNN's int8 kernel computes the same products exactly (integer sums) at about
+// half the FP32 kernel's time on 3x3 convolutions (scripts/bench_int8_conv.py). X is reordered to
+// int8 on every call (times x_inv, rounding half to even), W once per plan (times w_inv[m]); the
+// int32 sums plus `bias` are multiplied by `out` (a per-channel post-op; oneDNN 2.6 rejects
+// runtime output scales on its int8 convolution and adds the bias before them, hence the divided
+// bias). Then the usual post-ops: Z, activation, fake quantization.
+struct Int8ConvScales {
+  float x_inv = 1.0f;           // 1 / x_scale
+  std::vector<float> w_inv;     // 1 / w_scale[m]
+  std::vector<float> out;       // x_scale * w_scale[m]
+  std::vector<float> bias;      // bias[m] / out[m] (empty without a bias)
+};
 
 struct DnnlConvShape {
   int64_t n = 0, c = 0, m = 0, group = 1;
@@ -40,6 +56,9 @@ struct DnnlConvShape {
   // (runtime/cpu/channel_blocks.h), as passes/block_conv_layout marks them. A blocked tensor is used
   // by oneDNN as it is.
   int64_t x_block = 0, z_block = 0, y_block = 0;
+  // Non-null: run in integers with these scales (the node's own; group 1 only). Plans depend only
+  // on whether it is set; the values are given on every call.
+  const Int8ConvScales* int8 = nullptr;
   bool blocked() const { return x_block != 0 || z_block != 0 || y_block != 0; }
   bool operator==(const DnnlConvShape&) const = default;
 };
@@ -112,6 +131,8 @@ bool onednn_allowed_here();
 
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
+// How many of them ran in integers (DnnlConvShape::int8).
+uint64_t onednn_int8_conv_count();
 // How many of them ran with the batch split over the threads, one part of the images per thread
 // (inference with constant weights, a batch, a convolution large enough for every thread).
 uint64_t onednn_batch_split_count();

@@ -1,0 +1,299 @@
+// mark_int8_conv and oneDNN's int8 convolutions: a QDQ model's convolutions whose input and weights
+// are on int8 grids run in integers (mpq::FusedConv's int8_scales), with the float path's results
+// to float rounding (the integer sums are exact; the float path rounds its sums); the guarded cases
+// stay in float; the weight grid is found per channel, per tensor and for 4-bit weights; a batch
+// split over threads gives the unsplit batch's bits; a malformed attribute is refused naming the node.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ir/verify.h"
+#include "passes/inference_fusion.h"
+#include "passes/int8_conv.h"
+#include "runtime/batch_rows.h"
+#include "runtime/cpu/conv_onednn.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+using namespace mpq::ir;
+
+namespace {
+
+struct Options {
+  int64_t n = 2, c = 16, h = 9, w = 7;  // odd spatial sizes
+  int64_t m1 = 16, m2 = 24, k = 3;      // conv1 C -> m1 (k x k), conv2 m1 -> m2 (3x3, stride 2)
+  int64_t group = 1;
+  int zero_point = 0;        // of the activations' Q/DQ (uint8 with 0: a range of [0, 255])
+  bool uint8 = false;
+  bool float_weights = false;  // conv1's weights plain floats, not a DequantizeLinear
+  bool per_tensor = false;     // one weight scale per convolution
+  bool residual = false;       // conv2's output + a 1x1 projection of conv1's, then Relu
+};
+
+Tensor int8_values(const Shape& shape, uint32_t seed, int lo, int hi) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  Tensor t(DType::Int8, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(dist(rng));
+  return t;
+}
+
+// DequantizeLinear of int8 weights [m, c, k, k] (per channel, or one scale), as `mpq quantize`
+// writes them; fuse_for_inference folds it into a float initializer.
+Value* quantized_weights(Graph& g, const std::string& name, const Shape& shape, uint32_t seed, bool per_tensor) {
+  Tensor q = int8_values(shape, seed, -127, 127);
+  const int64_t m = shape[0];
+  Value* scale = per_tensor ? g.add_initializer(name + "_s", Tensor::from<float>({}, {0.0123f}))
+                            : g.add_initializer(name + "_s", test::random_tensor({m}, seed + 1, 0.004f, 0.02f));
+  Value* zero = per_tensor ? g.add_initializer(name + "_z", Tensor::from<int8_t>({}, {0}))
+                           : g.add_initializer(name + "_z", Tensor::from<int8_t>({m}, std::vector<int8_t>(m, 0)));
+  Value* out = g.add_value(name);
+  Node* dq = g.add_node("DequantizeLinear", {g.add_initializer(name + "_q", std::move(q)), scale, zero}, {out}, name + "_dq");
+  if (!per_tensor) dq->set_attr(Attribute::make_int("axis", 0));
+  return out;
+}
+
+// QuantizeLinear -> DequantizeLinear of an activation (one scale).
+Value* qdq(Graph& g, Value* v, const std::string& name, float scale, const Options& o) {
+  Value* s = g.add_initializer(name + "_s", Tensor::from<float>({}, {scale}));
+  Value* z = o.uint8 ? g.add_initializer(name + "_z", Tensor::from<uint8_t>({}, {static_cast<uint8_t>(o.zero_point)}))
+                     : g.add_initializer(name + "_z", Tensor::from<int8_t>({}, {static_cast<int8_t>(o.zero_point)}));
+  Value* q = g.add_value(name + "_q");
+  g.add_node("QuantizeLinear", {v, s, z}, {q}, name + "_quant");
+  Value* dq = g.add_value(name + "_dq");
+  g.add_node("DequantizeLinear", {q, s, z}, {dq}, name + "_dequant");
+  return dq;
+}
+
+// x -> Q/DQ -> conv1 (+ Relu) -> Q/DQ -> conv2 (stride 2) [+ 1x1 projection of conv1's] -> Relu -> y
+Model qdq_model(const Options& o) {
+  Model m;
+  m.set_opset("", 13);
+  Graph& g = *m.graph;
+  // A symbolic batch, so that the executor may split a batch over its threads (a fixed one cannot
+  // be fed in parts).
+  Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{o.n, o.c, o.h, o.w}));
+  x->type.dims[0] = Dim::symbol("batch");
+  g.add_input(x);
+  Value* w1 = o.float_weights ? g.add_initializer("w1", test::random_tensor({o.m1, o.c / o.group, o.k, o.k}, 5, -0.2f, 0.2f))
+                              : quantized_weights(g, "w1", {o.m1, o.c / o.group, o.k, o.k}, 5, o.per_tensor);
+  Value* c1 = g.add_value("c1");
+  Node* conv1 = g.add_node("Conv", {qdq(g, x, "xq", 0.02f, o), w1, g.add_initializer("b1", test::random_tensor({o.m1}, 6))},
+                           {c1}, "conv1");
+  conv1->set_attr(Attribute::make_ints("pads", {o.k / 2, o.k / 2, o.k / 2, o.k / 2}));
+  conv1->set_attr(Attribute::make_int("group", o.group));
+  Value* r1 = g.add_value("r1");
+  g.add_node("Relu", {c1}, {r1}, "relu1");
+  Value* a1 = qdq(g, r1, "aq", 0.015f, o);
+  Value* c2 = g.add_value("c2");
+  Node* conv2 = g.add_node("Conv", {a1, quantized_weights(g, "w2", {o.m2, o.m1, 3, 3}, 7, o.per_tensor),
+                                    g.add_initializer("b2", test::random_tensor({o.m2}, 8))},
+                           {c2}, "conv2");
+  conv2->set_attr(Attribute::make_ints("pads", {1, 1, 1, 1}));
+  conv2->set_attr(Attribute::make_ints("strides", {2, 2}));
+  Value* sum = c2;
+  if (o.residual) {
+    Value* p = g.add_value("p");
+    Node* proj = g.add_node("Conv", {a1, quantized_weights(g, "wp", {o.m2, o.m1, 1, 1}, 9, o.per_tensor)}, {p}, "proj");
+    proj->set_attr(Attribute::make_ints("strides", {2, 2}));
+    sum = g.add_value("sum");
+    g.add_node("Add", {c2, p}, {sum}, "add");
+  }
+  Value* y = g.add_value("y");
+  g.add_node("Relu", {sum}, {y}, "relu2");
+  g.add_output(y);
+  return m;
+}
+
+Node* node_named(Model& m, const std::string& name) {
+  for (const auto& n : m.graph->nodes())
+    if (n->name == name) return n.get();
+  return nullptr;
+}
+
+// The model as `mpq run` prepares it, checked by the IR verifier.
+Model fused(const Options& o) {
+  Model m = qdq_model(o);
+  passes::fuse_for_inference(m, rt::BackendKind::CPU);
+  REQUIRE(verify(m).empty());
+  return m;
+}
+
+Tensor run(const Model& m, const rt::Feeds& feeds, int threads) {
+  rt::ExecOptions eo;
+  eo.threads = threads;
+  rt::Executor ex(m, eo);
+  return ex.run(feeds)[0];
+}
+
+// The same model with every int8_scales attribute dropped: all in float.
+Model in_float(const Model& m) {
+  Model f = m.clone();
+  for (const auto& n : f.graph->nodes()) n->remove_attr("int8_scales");
+  return f;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("int8_weight_scales finds the grid of dequantized int8 weights", "[int8_conv]") {
+  Tensor q = int8_values({5, 3, 3, 3}, 11, -127, 127);
+  q.data<int8_t>()[0] = 127;  // channel 0 reaches the end of the range
+  const std::vector<float> scale{0.01f, 0.002f, 0.3f, 1e-4f, 0.05f};
+  Tensor w(DType::Float32, q.shape());
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = static_cast<float>(q.data<int8_t>()[i]) * scale[i / 27];
+  SECTION("per channel, whatever a channel's largest value") {
+    const std::vector<float> s = passes::int8_weight_scales(w);
+    REQUIRE(s.size() == 5);
+    for (size_t m = 0; m < 5; ++m)
+      for (int64_t i = 0; i < 27; ++i) {
+        const float t = w.data<float>()[static_cast<int64_t>(m) * 27 + i] / s[m];
+        CHECK(std::fabs(t - std::nearbyint(t)) < 1e-3f);
+        CHECK(std::fabs(t) <= 127.5f);
+      }
+    CHECK(s[0] == Approx(0.01f).epsilon(1e-6));
+  }
+  SECTION("4-bit values, an all-zero channel") {
+    Tensor w4 = w;
+    for (int64_t i = 0; i < w4.numel(); ++i) w4.data<float>()[i] = static_cast<float>(q.data<int8_t>()[i] % 8) * 0.25f;
+    for (int64_t i = 27; i < 54; ++i) w4.data<float>()[i] = 0.0f;
+    const std::vector<float> s = passes::int8_weight_scales(w4);
+    REQUIRE(s.size() == 5);
+    // The finest grid within int8 that holds every value: 0.25 is a whole number of its steps
+    // (1.75 / 126 here, 18 steps; every 4-bit value times 18 fits in [-127, 127]).
+    for (const size_t m : {size_t{0}, size_t{2}}) {
+      const float steps = 0.25f / s[m];
+      CHECK(std::fabs(steps - std::nearbyint(steps)) < 1e-3f);
+    }
+    CHECK(s[1] == 1.0f);  // the all-zero channel
+  }
+  SECTION("float weights have none") {
+    CHECK(passes::int8_weight_scales(test::random_tensor({4, 8, 3, 3}, 12)).empty());
+    Tensor off = w;
+    off.data<float>()[40] += 0.3f * scale[1];  // one value between two steps of channel 1
+    CHECK(passes::int8_weight_scales(off).empty());
+  }
+}
+
+TEST_CASE("mark_int8_conv marks convolutions on int8 grids and leaves the others in float", "[int8_conv]") {
+  SECTION("both convolutions of the QDQ model, the second reading the first's fused fake quantization") {
+    Model m = fused(Options{});
+    Node* conv1 = node_named(m, "conv1");
+    Node* conv2 = node_named(m, "conv2");
+    REQUIRE(conv1);
+    REQUIRE(conv2);
+    REQUIRE(conv1->has_attr("fake_quant"));  // the Q/DQ after it, fused (the input grid conv2 reads)
+    for (Node* n : {conv1, conv2}) {
+      REQUIRE(n->has_attr("int8_scales"));
+      CHECK(static_cast<int64_t>(n->attr_floats("int8_scales", {}).size()) == 1 + constant_value(n->input(1))->dim(0));
+    }
+    CHECK(conv1->attr_floats("int8_scales", {})[0] == 0.02f);   // X's Q/DQ scale
+    CHECK(conv2->attr_floats("int8_scales", {})[0] == 0.015f);  // conv1's fused fake quantization
+  }
+  SECTION("per-tensor weights are on a grid too") {
+    Model m = fused(Options{.per_tensor = true});
+    CHECK(node_named(m, "conv1")->has_attr("int8_scales"));
+  }
+  SECTION("guarded cases") {
+    Options o;
+    SECTION("float weights") { o.float_weights = true; }
+    SECTION("uint8 activations with zero point 0: [0, 255] is no int8 range") { o.uint8 = true; }
+    SECTION("grouped") { o.group = 2; }
+    SECTION("1x1") { o.k = 1; }
+    SECTION("fewer than 8 input channels") {
+      o.c = 4;
+      o.m1 = 16;
+    }
+    Model m = fused(o);
+    CHECK_FALSE(node_named(m, "conv1")->has_attr("int8_scales"));
+  }
+  SECTION("uint8 activations with zero point 128 fit int8") {
+    Model m = fused(Options{.zero_point = 128, .uint8 = true});
+    CHECK(node_named(m, "conv1")->has_attr("int8_scales"));
+  }
+}
+
+TEST_CASE("int8 convolutions give the float path's results, and the same bits on any thread count", "[int8_conv]") {
+  if (!rt::cpu::onednn_enabled()) {
+    WARN("oneDNN is off: the int8 convolutions are not reachable");
+    return;
+  }
+  struct Case {
+    int64_t n, c, h, w, m1, m2;
+  };
+  // Odd sizes, 24 channels (not a multiple of the channel block); and ResNet's 32 x 32 images with
+  // 16 channels at batch 8, which caught oneDNN's quantizing reorder sharing its scratch memory
+  // between two threads (a batch split over two executors gave wrong results).
+  for (const Case& k : {Case{1, 24, 11, 13, 32, 40}, Case{4, 24, 11, 13, 32, 40}, Case{8, 16, 32, 32, 16, 32}})
+    for (const bool residual : {false, true}) {
+      Options o;
+      o.n = k.n;
+      o.c = k.c;
+      o.h = k.h;
+      o.w = k.w;
+      o.m1 = k.m1;
+      o.m2 = k.m2;
+      o.residual = residual;
+      INFO("batch " << o.n << ", " << o.c << " channels" << (residual ? ", residual" : ""));
+      Model m = fused(o);
+      REQUIRE(node_named(m, "conv1")->has_attr("int8_scales"));
+      const rt::Feeds feeds{{"x", test::random_tensor({o.n, o.c, o.h, o.w}, 21, -2.0f, 2.0f)}};
+      const Tensor want = run(in_float(m), feeds, 1);
+      const uint64_t before = rt::cpu::onednn_int8_conv_count();
+      const Tensor one = run(m, feeds, 1);
+      CHECK(rt::cpu::onednn_int8_conv_count() > before);  // really in integers
+      // A batch split over two threads: the same bits. Fresh executors each time, so that both
+      // threads quantize their weights (and inputs) at the same moment, as they would at start.
+      const int64_t splits = rt::row_split_count();
+      for (int repeat = 0; repeat < 4; ++repeat) CHECK(same_bits(one, run(m, feeds, 2)));
+      if (o.n > 1) CHECK(rt::row_split_count() > splits);  // the batch really ran as two parts
+      // conv1's output is quantized again (the fused Q/DQ): a sum that rounds differently can move
+      // a value by one step there, so the outputs agree to about one step in a few values.
+      CHECK(test::rel_l2(one, want) < 2e-3);
+      CHECK(test::max_abs_diff(one, want) < 0.05);
+    }
+}
+
+TEST_CASE("int8 convolution without the output quantization agrees to float rounding", "[int8_conv]") {
+  if (!rt::cpu::onednn_enabled()) {
+    WARN("oneDNN is off: the int8 convolutions are not reachable");
+    return;
+  }
+  // conv2 reads a grid and writes float (no Q/DQ after it): only the summation differs.
+  Options o;
+  Model m = fused(o);
+  REQUIRE(node_named(m, "conv2")->has_attr("int8_scales"));
+  CHECK_FALSE(node_named(m, "conv2")->has_attr("fake_quant"));
+  // Feed conv2 alone: conv1's output through the graph is the same grid in both runs.
+  const rt::Feeds feeds{{"x", test::random_tensor({o.n, o.c, o.h, o.w}, 22, -2.0f, 2.0f)}};
+  Model only_conv2 = m.clone();
+  node_named(only_conv2, "conv1")->remove_attr("int8_scales");
+  const Tensor want = run(in_float(m), feeds, 1);
+  const Tensor got = run(only_conv2, feeds, 1);
+  CHECK(test::rel_l2(got, want) < 1e-6);
+}
+
+TEST_CASE("a malformed int8_scales attribute is refused naming the node", "[int8_conv][negative]") {
+  Model m = fused(Options{});
+  Node* conv1 = node_named(m, "conv1");
+  REQUIRE(conv1);
+  SECTION("too few scales") { conv1->set_attr(Attribute::make_floats("int8_scales", {0.02f, 0.01f})); }
+  SECTION("a scale that is not positive") {
+    std::vector<float> v = conv1->attr_floats("int8_scales", {});
+    v[3] = -1.0f;
+    conv1->set_attr(Attribute::make_floats("int8_scales", v));
+  }
+  const rt::Feeds feeds{{"x", test::random_tensor({2, 16, 9, 7}, 23)}};
+  try {
+    run(m, feeds, 1);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("conv1") && Catch::Contains("int8_scales"));
+  }
+}
