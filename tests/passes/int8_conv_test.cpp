@@ -15,6 +15,7 @@
 #include "runtime/batch_rows.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
+#include "runtime/thread_pool.h"
 #include "test_util.h"
 
 using namespace mpq;
@@ -296,4 +297,40 @@ TEST_CASE("a malformed int8_scales attribute is refused naming the node", "[int8
   } catch (const Error& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("conv1") && Catch::Contains("int8_scales"));
   }
+}
+
+TEST_CASE("an int8 convolution oneDNN has no int8 kernel for runs its float plan", "[int8_conv]") {
+  if (!rt::cpu::onednn_enabled() || rt::cpu::onednn_channel_block() != 16) {
+    WARN("needs oneDNN with 16-channel blocks (AVX-512)");
+    return;
+  }
+  // nChw16c in and out: oneDNN's int8 kernels take NHWC only, so this is what a CPU whose tensors
+  // stay channel-blocked would ask for. It must run oneDNN's float kernel, not mpq's fallback.
+  rt::cpu::DnnlConvShape s;
+  s.n = 2;
+  s.c = s.m = 16;
+  s.ih = s.iw = s.oh = s.ow = 9;
+  s.kh = s.kw = 3;
+  s.pt = s.pl = s.pb = s.pr = 1;
+  s.bias = true;
+  s.act = rt::cpu::DnnlAct::Relu;
+  s.x_block = s.y_block = 16;
+  rt::cpu::Int8ConvScales q;
+  q.x_inv = 50.0f;
+  q.w_inv.assign(16, 100.0f);
+  q.out.assign(16, 0.0002f);
+  q.bias.assign(16, 1.0f);
+  const Tensor x = test::random_tensor({2, 16, 9, 9}, 31), w = test::random_tensor({16, 16, 3, 3}, 32),
+               b = test::random_tensor({16}, 33);
+  Tensor want(DType::Float32, Shape{2, 16, 9, 9}), got(DType::Float32, Shape{2, 16, 9, 9});
+  rt::ThreadPool pool(1);
+  REQUIRE(rt::cpu::onednn_conv_forward(pool, s, x.data<float>(), w.data<float>(), b.data<float>(), nullptr,
+                                       want.data<float>()));
+  s.int8 = &q;
+  const uint64_t convs = rt::cpu::onednn_conv_count(), int8 = rt::cpu::onednn_int8_conv_count();
+  REQUIRE(rt::cpu::onednn_conv_forward(pool, s, x.data<float>(), w.data<float>(), b.data<float>(), nullptr,
+                                       got.data<float>()));
+  CHECK(rt::cpu::onednn_conv_count() == convs + 1);
+  CHECK(rt::cpu::onednn_int8_conv_count() == int8);
+  CHECK(same_bits(got, want));  // the float plan, with the float bias
 }

@@ -305,6 +305,17 @@ memory::desc activation_desc(const memory::dims& dims, int64_t block) {
   return memory::desc(dims, dt::f32, tag::nchw);
 }
 
+std::shared_ptr<Plan> make_plan(const DnnlConvShape& s);
+
+// The float plan of s, for an int8 convolution oneDNN has no direct int8 kernel for (its int8
+// kernels take NHWC only: on a CPU where tensors stay nChw8c, for instance). The values are the
+// same either way; the plan says which it is (Plan::int8).
+std::shared_ptr<Plan> float_plan_of(const DnnlConvShape& s) {
+  DnnlConvShape f = s;
+  f.int8 = nullptr;
+  return make_plan(f);
+}
+
 std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   auto p = std::make_shared<Plan>();
   const memory::dims src{s.n, s.c, s.ih, s.iw}, dst{s.n, s.m, s.oh, s.ow};
@@ -319,7 +330,7 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   // layout and is reordered every call); group 1 only, where one scale per output channel is one
   // per weight row.
   p->int8 = s.int8 != nullptr;
-  if (p->int8 && s.group != 1) return p;
+  if (p->int8 && s.group != 1) return float_plan_of(s);
   const dt in_type = p->int8 ? dt::s8 : dt::f32;
   dnnl::primitive_attr attr;
   const dnnl::post_ops po = post_ops_of(s);
@@ -340,9 +351,15 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
       s.x_block && !p->int8 ? p->user_src : memory::desc(src, in_type, tag::any), memory::desc(wei, in_type, tag::any),
       p->user_bias, s.y_block ? p->user_dst : memory::desc(dst, dt::f32, tag::any), {s.sh, s.sw},
       {s.dh - 1, s.dw - 1}, {s.pt, s.pl}, {s.pb, s.pr});
-  p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+  try {
+    p->pd = dnnl::convolution_forward::primitive_desc(d, attr, engine());
+  } catch (const dnnl::error& e) {
+    if (!p->int8 || e.status != dnnl_unimplemented) throw;
+    return float_plan_of(s);
+  }
   const std::string impl = p->pd.impl_info_str();
   p->direct = is_direct_impl(impl);
+  if (!p->direct && p->int8) return float_plan_of(s);
   if (!p->direct) return p;  // mpq runs it; the primitive is never needed
   p->conv = dnnl::convolution_forward(p->pd);
   p->src_bytes = p->pd.src_desc().get_size();
