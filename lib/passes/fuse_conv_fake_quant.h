@@ -3,6 +3,11 @@
 
 namespace mpq::passes {
 
+// The FakeQuant's [scale, lo, hi] (lo and hi relative to the zero point) when they are constants
+// of the kind the fused epilogue takes; false otherwise. Also passes/int8_conv's test of an input
+// grid.
+bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi);
+
 // Inference-time fusion for `mpq run` on the CPU: an mpq::FakeQuant with one scale (what
 // fuse_qdq_pair makes of a QDQ model's activation QuantizeLinear -> DequantizeLinear pair) right
 // after a float32 Conv or mpq::FusedConv runs in the convolution's epilogue, as the attribute
@@ -17,10 +22,6 @@ namespace mpq::passes {
 // convolution has no fake_quant yet; scale (float32) and zero point (any integer type) are
 // constant scalars; qmin and qmax lie within +-2^24, where they and their difference with the zero
 // point are exact in float32.
-// The FakeQuant's [scale, lo, hi] (lo and hi relative to the zero point) when they are constants
-// of the kind the fused epilogue takes; false otherwise.
-bool scalar_fake_quant(const ir::Node& fq, float& scale, float& lo, float& hi);
-
 class FuseConvFakeQuant : public NodeRewritePass {
  public:
   std::string name() const override { return "fuse_conv_fake_quant"; }

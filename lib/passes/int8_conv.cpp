@@ -31,7 +31,8 @@ float input_int8_scale(const ir::Node& conv) {
 }
 
 // Whether every value of w's channel `values` (count n) is an integer in [-qmax, qmax] times s,
-// to within 1e-3 of a step (the float rounding of a dequantized weight is about 1e-7 of one).
+// to within 1e-3 of a step (a dequantized weight is rounded to about 1e-7 of its value, at most
+// about 1e-5 of a step at 127 steps).
 bool on_grid(const float* values, int64_t n, float s, int qmax) {
   const double inv = 1.0 / static_cast<double>(s);
   for (int64_t i = 0; i < n; ++i) {
@@ -68,8 +69,9 @@ std::vector<float> int8_weight_scales(const Tensor& w, int qmax) {
     }
     // The channel's largest magnitude is k steps: qmax where the scale came from this channel's
     // own range (mpq's per-channel weights), fewer for a scale shared with other channels
-    // (per-tensor weights), a clipped range or 4-bit weights. A wrong k fails on the first values
-    // off its grid, so the search costs little.
+    // (per-tensor weights), a clipped range or 4-bit weights. A wrong k usually fails within a few
+    // values (zeros and +-max lie on every grid), so the search costs little; a multiple of the
+    // true k may be found first, a finer grid that holds the same values exactly.
     bool found = false;
     for (int k = qmax; k >= 1 && !found; --k) {
       const float step = amax / static_cast<float>(k);

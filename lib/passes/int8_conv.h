@@ -30,8 +30,8 @@ class MarkInt8Conv : public NodeRewritePass {
   void apply(ir::Model& model, ir::Node& node, PassStats& stats) override;
 };
 
-// False where MPQ_INT8_CONV=0 in the environment: every convolution then runs in float, for
-// comparisons (as MPQ_ONEDNN=0 and MPQ_BATCH_SPLIT=0 do for theirs).
+// False where MPQ_INT8_CONV=0 in the environment: fuse_for_inference then marks nothing and every
+// convolution runs in float, for comparisons (as MPQ_ONEDNN=0 and MPQ_BATCH_SPLIT=0 do for theirs).
 bool int8_conv_enabled();
 
 // The per-output-channel scales on whose integer grid (within [-qmax, qmax]) every weight of

@@ -123,9 +123,18 @@ Model fused(const Options& o) {
   return m;
 }
 
-Tensor run(const Model& m, const rt::Feeds& feeds, int threads) {
+// Whether this machine runs int8 convolutions (oneDNN with VNNI); where not, fuse_for_inference
+// marks nothing and the tests below say so.
+bool int8_here() {
+  if (rt::cpu::onednn_int8_convolutions()) return true;
+  WARN("oneDNN does not run exact int8 convolutions on this CPU (no VNNI, or oneDNN off): skipped");
+  return false;
+}
+
+Tensor run(const Model& m, const rt::Feeds& feeds, int threads, bool split_rows = true) {
   rt::ExecOptions eo;
   eo.threads = threads;
+  eo.split_rows = split_rows;
   rt::Executor ex(m, eo);
   return ex.run(feeds)[0];
 }
@@ -183,6 +192,7 @@ TEST_CASE("int8_weight_scales finds the grid of dequantized int8 weights", "[int
 }
 
 TEST_CASE("mark_int8_conv marks convolutions on int8 grids and leaves the others in float", "[int8_conv]") {
+  if (!int8_here()) return;
   SECTION("both convolutions of the QDQ model, the second reading the first's fused fake quantization") {
     Model m = fused(Options{});
     Node* conv1 = node_named(m, "conv1");
@@ -221,10 +231,7 @@ TEST_CASE("mark_int8_conv marks convolutions on int8 grids and leaves the others
 }
 
 TEST_CASE("int8 convolutions give the float path's results, and the same bits on any thread count", "[int8_conv]") {
-  if (!rt::cpu::onednn_enabled()) {
-    WARN("oneDNN is off: the int8 convolutions are not reachable");
-    return;
-  }
+  if (!int8_here()) return;
   struct Case {
     int64_t n, c, h, w, m1, m2;
   };
@@ -248,12 +255,20 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
       const Tensor want = run(in_float(m), feeds, 1);
       const uint64_t before = rt::cpu::onednn_int8_conv_count();
       const Tensor one = run(m, feeds, 1);
-      CHECK(rt::cpu::onednn_int8_conv_count() > before);  // really in integers
+      CHECK(rt::cpu::onednn_int8_conv_count() >= before + 2);  // both convolutions in integers
       // A batch split over two threads: the same bits. Fresh executors each time, so that both
       // threads quantize their weights (and inputs) at the same moment, as they would at start.
       const int64_t splits = rt::row_split_count();
       for (int repeat = 0; repeat < 4; ++repeat) CHECK(same_bits(one, run(m, feeds, 2)));
       if (o.n > 1) CHECK(rt::row_split_count() > splits);  // the batch really ran as two parts
+      if (o.n > 1) {
+        // The same batch kept whole by the executor: each convolution splits it over the threads
+        // itself, the parts sharing one int8 copy of the weights.
+        const uint64_t conv_splits = rt::cpu::onednn_batch_split_count(), int8_runs = rt::cpu::onednn_int8_conv_count();
+        CHECK(same_bits(one, run(m, feeds, 2, /*split_rows=*/false)));
+        CHECK(rt::cpu::onednn_batch_split_count() > conv_splits);
+        CHECK(rt::cpu::onednn_int8_conv_count() > int8_runs);
+      }
       // conv1's output is quantized again (the fused Q/DQ): a sum that rounds differently can move
       // a value by one step there, so the outputs agree to about one step in a few values.
       CHECK(test::rel_l2(one, want) < 2e-3);
@@ -262,10 +277,7 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
 }
 
 TEST_CASE("int8 convolution without the output quantization agrees to float rounding", "[int8_conv]") {
-  if (!rt::cpu::onednn_enabled()) {
-    WARN("oneDNN is off: the int8 convolutions are not reachable");
-    return;
-  }
+  if (!int8_here()) return;
   // conv2 reads a grid and writes float (no Q/DQ after it): only the summation differs.
   Options o;
   Model m = fused(o);
@@ -276,11 +288,14 @@ TEST_CASE("int8 convolution without the output quantization agrees to float roun
   Model only_conv2 = m.clone();
   node_named(only_conv2, "conv1")->remove_attr("int8_scales");
   const Tensor want = run(in_float(m), feeds, 1);
+  const uint64_t before = rt::cpu::onednn_int8_conv_count();
   const Tensor got = run(only_conv2, feeds, 1);
+  CHECK(rt::cpu::onednn_int8_conv_count() == before + 1);  // conv2 in integers
   CHECK(test::rel_l2(got, want) < 1e-6);
 }
 
 TEST_CASE("a malformed int8_scales attribute is refused naming the node", "[int8_conv][negative]") {
+  if (!int8_here()) return;
   Model m = fused(Options{});
   Node* conv1 = node_named(m, "conv1");
   REQUIRE(conv1);

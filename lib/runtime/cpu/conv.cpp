@@ -711,10 +711,14 @@ std::shared_ptr<const Int8ConvScales> read_int8_scales(const KernelContext& ctx,
   q->w_inv.resize(static_cast<size_t>(M));
   q->out.resize(static_cast<size_t>(M));
   if (b) q->bias.resize(static_cast<size_t>(M));
+  auto usable = [](float f) { return std::isfinite(f) && f != 0.0f; };
+  if (!usable(q->x_inv)) return nullptr;
   for (size_t m = 0; m < static_cast<size_t>(M); ++m) {
     q->w_inv[m] = 1.0f / v[m + 1];
     q->out[m] = v[0] * v[m + 1];
     if (b) q->bias[m] = b->data<float>()[m] / q->out[m];
+    // Scales so extreme that their products leave float's range: in float, as written.
+    if (!usable(q->w_inv[m]) || !usable(q->out[m]) || (b && !std::isfinite(q->bias[m]))) return nullptr;
   }
   return q;
 }

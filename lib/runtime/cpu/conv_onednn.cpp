@@ -93,6 +93,7 @@ bool onednn_conv_forward(ThreadPool&, const DnnlConvShape&, const float*, const 
 bool onednn_conv_backward_data(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 bool onednn_conv_backward_weights(ThreadPool&, const DnnlConvShape&, const float*, const float*, float*) { return false; }
 int64_t onednn_channel_block() { return 0; }
+bool onednn_int8_convolutions() { return false; }
 int onednn_team_size(double, int) { return 1; }
 bool onednn_allowed_here() { return false; }
 bool onednn_channels_last_direct() { return false; }
@@ -360,6 +361,13 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   const std::string impl = p->pd.impl_info_str();
   p->direct = is_direct_impl(impl);
   if (!p->direct && p->int8) return float_plan_of(s);
+  // Without VNNI, oneDNN's int8 kernels for signed input halve the weights when it reorders them
+  // (scale_adjust 0.5, so that their 16-bit intermediate sums cannot overflow) and double the
+  // result: every odd weight would lose a step. Only exact int8 runs here.
+  if (p->int8) {
+    const auto& extra = p->pd.weights_desc().data.extra;
+    if ((extra.flags & dnnl_memory_extra_flag_scale_adjust) != 0 && extra.scale_adjust != 1.0f) return float_plan_of(s);
+  }
   if (!p->direct) return p;  // mpq runs it; the primitive is never needed
   p->conv = dnnl::convolution_forward(p->pd);
   p->src_bytes = p->pd.src_desc().get_size();
@@ -381,15 +389,21 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
     p->w_scale_desc = memory::desc({s.m}, dt::f32, tag::x);
     p->out_scale_desc = memory::desc({1, s.m, 1, 1}, dt::f32, tag::nchw);
   }
-  if (p->reorder_src) {
-    const dnnl::reorder::primitive_desc rpd(engine(), p->user_src, engine(), p->pd.src_desc(), x_scaled);
-    p->src_in = dnnl::reorder(rpd);
-    if (p->int8) p->src_in_pad_bytes = rpd.scratchpad_desc().get_size();
-  }
-  if (p->reorder_wei) {
-    const dnnl::reorder::primitive_desc rpd(engine(), p->user_wei, engine(), p->pd.weights_desc(), w_scaled);
-    p->wei_in = dnnl::reorder(rpd);
-    if (p->int8) p->wei_in_pad_bytes = rpd.scratchpad_desc().get_size();
+  try {
+    if (p->reorder_src) {
+      const dnnl::reorder::primitive_desc rpd(engine(), p->user_src, engine(), p->pd.src_desc(), x_scaled);
+      p->src_in = dnnl::reorder(rpd);
+      if (p->int8) p->src_in_pad_bytes = rpd.scratchpad_desc().get_size();
+    }
+    if (p->reorder_wei) {
+      const dnnl::reorder::primitive_desc rpd(engine(), p->user_wei, engine(), p->pd.weights_desc(), w_scaled);
+      p->wei_in = dnnl::reorder(rpd);
+      if (p->int8) p->wei_in_pad_bytes = rpd.scratchpad_desc().get_size();
+    }
+  } catch (const dnnl::error& e) {
+    // No quantizing reorder for these layouts: oneDNN's float plan rather than mpq's kernels.
+    if (!p->int8 || e.status != dnnl_unimplemented) throw;
+    return float_plan_of(s);
   }
   if (p->reorder_dst)
     p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
@@ -583,6 +597,30 @@ bool onednn_channels_last_direct() {
   return direct;
 }
 
+bool onednn_int8_convolutions() {
+  if (!onednn_enabled()) return false;
+  static const bool exact = [] {
+    // A 3x3 convolution of 16 channels, NHWC in and out, as passes/int8_conv marks them.
+    static const Int8ConvScales probe_scales;
+    DnnlConvShape probe;
+    probe.n = 1;
+    probe.c = probe.m = 16;
+    probe.ih = probe.iw = probe.oh = probe.ow = 8;
+    probe.kh = probe.kw = 3;
+    probe.pt = probe.pl = probe.pb = probe.pr = 1;
+    probe.bias = true;
+    probe.x_block = probe.y_block = kChannelsLast;
+    probe.int8 = &probe_scales;
+    try {
+      const std::shared_ptr<Plan> p = make_plan(probe);
+      return p->direct && p->int8;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return exact;
+}
+
 int64_t onednn_channel_block() {
   if (!onednn_enabled()) return 0;
   // The ISA values are bit sets: every AVX-512 core level contains avx512_core's bits.
@@ -599,7 +637,7 @@ namespace {
 struct Bound {
   std::shared_ptr<Plan> plan;
   memory usrc, udst, uwei, uz, src, dst, wei, bias, pad;
-  memory x_scale, w_scale, out_scale;  // in integers: the per-call scales (Int8ConvScales)
+  memory x_scale, out_scale;  // in integers: the per-call scales (Int8ConvScales)
   std::unordered_map<int, memory> args;
 
   explicit Bound(std::shared_ptr<Plan> p) : plan(std::move(p)) {
@@ -621,7 +659,6 @@ struct Bound {
     if (q.fq_scale) args.emplace(q.fq_scale_arg, q.fq_scale_mem);
     if (q.int8) {
       x_scale = memory(q.x_scale_desc, eng, DNNL_MEMORY_NONE);
-      w_scale = memory(q.w_scale_desc, eng, DNNL_MEMORY_NONE);
       out_scale = memory(q.out_scale_desc, eng, DNNL_MEMORY_NONE);
       args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, out_scale);
     }

@@ -57,7 +57,8 @@ struct DnnlConvShape {
   // by oneDNN as it is.
   int64_t x_block = 0, z_block = 0, y_block = 0;
   // Non-null: run in integers with these scales (the node's own; group 1 only). Plans depend only
-  // on whether it is set; the values are given on every call.
+  // on whether it is set: X's and the output's scales are given on every call, W's when its
+  // reordered copy is made.
   const Int8ConvScales* int8 = nullptr;
   bool blocked() const { return x_block != 0 || z_block != 0 || y_block != 0; }
   bool operator==(const DnnlConvShape&) const = default;
@@ -131,6 +132,10 @@ bool onednn_allowed_here();
 
 // How many convolutions oneDNN has run in this process (tests check which path a shape took).
 uint64_t onednn_conv_count();
+// Whether oneDNN runs int8 convolutions exactly on this CPU (a probe, planned once): it needs VNNI
+// (without it oneDNN halves the weights of signed-input convolutions) and NHWC layouts. Where not,
+// a convolution marked int8 runs oneDNN's float plan.
+bool onednn_int8_convolutions();
 // How many of them ran in integers (DnnlConvShape::int8).
 uint64_t onednn_int8_conv_count();
 // How many of them ran with the batch split over the threads, one part of the images per thread
