@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Benchmark (not a test): would oneDNN's INT8 convolutions run an INT8 QDQ model's convolutions
-faster than mpq's float path does today?
+"""Benchmark (not a test): oneDNN's INT8 convolutions against its FP32 ones on every convolution of
+an INT8 QDQ model, beside mpq's own time for each inside the model.
 
     bench_int8_conv.py [--mpq build/apps/mpq/mpq] [--driver build/tests/bench_conv_int8]
                        [--threads 1,2] [--batches 1,8] [--repeat 300] [--int8 DIR] [MODEL ...]
 
-mpq runs an INT8 QDQ CNN in float: weights dequantized once at load, each activation's Q -> DQ pair
-one mpq::FakeQuant, each convolution an FP32 mpq::FusedConv (on oneDNN or mpq's kernels, whichever
-is faster for the shape). For every convolution of the shipped CNNs' INT8 models (made by `mpq
+mpq's float path for an INT8 QDQ CNN: weights dequantized once at load, each activation's Q -> DQ
+pair one mpq::FakeQuant, each convolution an FP32 mpq::FusedConv (on oneDNN or mpq's kernels,
+whichever is faster for the shape). Since the twenty-first session the convolutions whose input and
+weights lie on int8 grids run on oneDNN's int8 kernels instead (passes/int8_conv); run this with
+MPQ_INT8_CONV=0 for the float path's in-model times, as docs/runtime.md's table was. For every convolution of the shipped CNNs' INT8 models (made by `mpq
 quantize --mode static` into DIR, as bench_run.py does), this prints:
   mpq   its time inside the model (`mpq run --profile-nodes`, mean per run);
   f32   oneDNN's FP32 convolution of the same shape alone (bench_conv_int8);

@@ -1,15 +1,16 @@
-// Benchmark driver (not a test): would oneDNN's INT8 convolutions run the convolutions of an INT8
-// QDQ model faster than what mpq runs today? scripts/bench_int8_conv.py passes the convolutions of
-// the shipped CNNs and sums the rows per model (docs/runtime.md).
+// Benchmark driver (not a test): oneDNN's INT8 convolutions against its FP32 ones, per shape. This
+// measurement is why mpq runs a QDQ model's qualifying convolutions in int8 (passes/int8_conv).
+// scripts/bench_int8_conv.py passes the convolutions of the shipped CNNs and sums the rows per
+// model (docs/runtime.md).
 //
 //     bench_conv_int8 [--threads 1] [--repeat 300] --conv N,C,H,M,CG,K,S,P [--conv ...]
 //
 // (N images, C input channels, H x H input, M output channels, CG input channels per group, K x K
-// kernel, stride S, padding P.) mpq runs an INT8 QDQ CNN in float: its weights are dequantized once
-// at load, each activation's QuantizeLinear -> DequantizeLinear pair is one mpq::FakeQuant, and the
-// convolution itself is an FP32 mpq::FusedConv, on oneDNN where that is faster (tensors in oneDNN's
-// channel-blocked layout between convolutions) and on mpq's kernels elsewhere; the script reads
-// those in-model times from `mpq run --profile-nodes`. Per convolution, with bias and ReLU, median
+// kernel, stride S, padding P.) mpq's float path for an INT8 QDQ CNN: its weights are dequantized
+// once at load, each activation's QuantizeLinear -> DequantizeLinear pair is one mpq::FakeQuant,
+// and the convolution itself is an FP32 mpq::FusedConv, on oneDNN where that is faster (tensors in
+// oneDNN's channel-blocked layout between convolutions) and on mpq's kernels elsewhere; the script
+// reads those in-model times from `mpq run --profile-nodes`. Per convolution, with bias and ReLU, median
 // microseconds of one execution, the same convolution again and again:
 //   f32        oneDNN's FP32 convolution alone, layouts of oneDNN's choice (channel-blocked; mpq
 //              keeps that layout between two oneDNN convolutions only where the channels are a
