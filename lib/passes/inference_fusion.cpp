@@ -16,7 +16,6 @@
 #include "passes/int8_conv.h"
 #include "passes/pass.h"
 #include "passes/quant_placement.h"
-#include "runtime/cpu/conv_onednn.h"
 #include "runtime/devices.h"
 
 namespace mpq::passes {
@@ -52,9 +51,7 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
   if (backend == rt::BackendKind::CPU) {
     pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq});
-    // Only where oneDNN runs int8 exactly (VNNI): elsewhere the marks would only move the
-    // tensors around them to NHWC for nothing.
-    if (int8_conv_enabled() && rt::cpu::onednn_int8_convolutions()) pipeline.push_back(&int8_conv);
+    if (int8_conv_enabled()) pipeline.push_back(&int8_conv);
   }
   std::vector<std::string> notes;
   for (Pass* pass : pipeline)

@@ -7,6 +7,7 @@
 
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_fake_quant.h"
+#include "runtime/cpu/conv_onednn.h"
 
 namespace mpq::passes {
 
@@ -93,7 +94,9 @@ bool MarkInt8Conv::match(const ir::Model&, const ir::Node& node) const {
   const Tensor* w = constant_value(node.input(1));
   if (!w || w->dtype() != DType::Float32 || w->rank() != 4 || w->dim(1) < 8 || w->dim(2) * w->dim(3) < 2) return false;
   if (node.num_inputs() > 2 && node.input(2) && !constant_value(node.input(2))) return false;
-  return input_int8_scale(node) > 0.0f;
+  // Last, as the costliest (a oneDNN plan, made once per process, only for QDQ models): only where
+  // oneDNN runs int8 exactly (VNNI); elsewhere a mark would only move the tensors around it to NHWC.
+  return input_int8_scale(node) > 0.0f && rt::cpu::onednn_int8_convolutions();
 }
 
 void MarkInt8Conv::apply(ir::Model&, ir::Node& node, PassStats& stats) {

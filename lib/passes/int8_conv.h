@@ -19,7 +19,9 @@ namespace mpq::passes {
 //   rounding, per channel or per tensor;
 // - B, if any, is a constant; the convolution is 2-D, group 1, with at least 8 input channels and a
 //   window larger than 1x1 (measured: the 1x1 and the 3-channel first convolutions gain 0-30% or
-//   lose, less than the input's conversion to int8 costs), no dilation.
+//   lose, less than the input's conversion to int8 costs), no dilation;
+// - oneDNN computes int8 exactly on this CPU (runtime/cpu/conv_onednn.h,
+//   onednn_int8_convolutions: VNNI).
 class MarkInt8Conv : public NodeRewritePass {
  public:
   std::string name() const override { return "mark_int8_conv"; }

@@ -360,13 +360,14 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   }
   const std::string impl = p->pd.impl_info_str();
   p->direct = is_direct_impl(impl);
-  if (!p->direct && p->int8) return float_plan_of(s);
-  // Without VNNI, oneDNN's int8 kernels for signed input halve the weights when it reorders them
-  // (scale_adjust 0.5, so that their 16-bit intermediate sums cannot overflow) and double the
-  // result: every odd weight would lose a step. Only exact int8 runs here.
+  // In integers only with a direct kernel that computes them exactly. Without VNNI, oneDNN's int8
+  // kernels for signed input halve the weights when it reorders them (scale_adjust 0.5, so that
+  // their 16-bit intermediate sums cannot overflow) and double the result: every odd weight would
+  // lose a step.
   if (p->int8) {
-    const auto& extra = p->pd.weights_desc().data.extra;
-    if ((extra.flags & dnnl_memory_extra_flag_scale_adjust) != 0 && extra.scale_adjust != 1.0f) return float_plan_of(s);
+    const auto extra = p->pd.weights_desc().data.extra;
+    const bool adjusted = (extra.flags & dnnl_memory_extra_flag_scale_adjust) != 0 && extra.scale_adjust != 1.0f;
+    if (!p->direct || adjusted) return float_plan_of(s);
   }
   if (!p->direct) return p;  // mpq runs it; the primitive is never needed
   p->conv = dnnl::convolution_forward(p->pd);
@@ -714,16 +715,21 @@ memory reorder_scratch(size_t bytes) {
   return memory(memory::desc({static_cast<memory::dim>(size)}, dt::u8, tag::x), engine(), s_reorder_pad.get(size));
 }
 
-// `scale`, where given: the quantizing reorder's runtime scale (DnnlConvShape::int8), `pad_bytes`
-// its scratch memory.
+// A quantizing reorder (DnnlConvShape::int8): its runtime scale and its scratch memory.
+void execute_scaled(const dnnl::reorder& r, const dnnl::stream& stream, memory& from, memory& to, const memory& scale,
+                    size_t pad_bytes) {
+  r.execute(stream, {{DNNL_ARG_FROM, from},
+                     {DNNL_ARG_TO, to},
+                     {DNNL_ARG_ATTR_OUTPUT_SCALES, scale},
+                     {DNNL_ARG_SCRATCHPAD, reorder_scratch(pad_bytes)}});
+}
+
+// `scale`, where given: the quantizing reorder's runtime scale, `pad_bytes` its scratch memory.
 void execute_reorder(const dnnl::reorder& r, const dnnl::stream& stream, memory& from, memory& to, int64_t elements,
                      const memory* scale = nullptr, size_t pad_bytes = 0) {
   auto run = [&] {
     if (scale)
-      r.execute(stream, {{DNNL_ARG_FROM, from},
-                         {DNNL_ARG_TO, to},
-                         {DNNL_ARG_ATTR_OUTPUT_SCALES, *scale},
-                         {DNNL_ARG_SCRATCHPAD, reorder_scratch(pad_bytes)}});
+      execute_scaled(r, stream, from, to, *scale, pad_bytes);
     else
       r.execute(stream, from, to);
   };
@@ -747,11 +753,8 @@ void reorder_weights(const Plan& p, const DnnlConvShape& s, const dnnl::stream& 
     p.wei_in.execute(stream, from, to);
     return;
   }
-  memory scale(p.w_scale_desc, engine(), const_cast<float*>(s.int8->w_inv.data()));
-  p.wei_in.execute(stream, {{DNNL_ARG_FROM, from},
-                            {DNNL_ARG_TO, to},
-                            {DNNL_ARG_ATTR_OUTPUT_SCALES, scale},
-                            {DNNL_ARG_SCRATCHPAD, reorder_scratch(p.wei_in_pad_bytes)}});
+  const memory scale(p.w_scale_desc, engine(), const_cast<float*>(s.int8->w_inv.data()));
+  execute_scaled(p.wei_in, stream, from, to, scale, p.wei_in_pad_bytes);
 }
 
 int current_policy() { return (onednn_enabled() ? 1 : 0) + 2 * (g_override.load(std::memory_order_relaxed) + 1); }
