@@ -1,5 +1,5 @@
-// mpq::FakeQuant: the forward kernel against calib/quant_ref.h bit for bit (per tensor, per
-// channel on any axis, int8/uint8/4-bit ranges, ties, NaN and infinities), and its backward (the
+// mpq::FakeQuant: the forward kernel (its AVX-512 and SSE2 builds) against calib/quant_ref.h bit for
+// bit (per tensor, per channel on any axis, int8/uint8/4-bit ranges, ties, NaN and infinities), and its backward (the
 // straight-through estimator's clipping mask, LSQ's step-size gradient with 1/sqrt(N*Qp)) against
 // the scalar references, bit-identical at any thread count.
 #include <catch2/catch.hpp>
@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "calib/quant_ref.h"
+#include "runtime/cpu/fake_quant.h"
 #include "test_util.h"
 #include "train/grad_check.h"
 
@@ -50,23 +52,52 @@ TEST_CASE("FakeQuant forward equals QuantizeLinear -> DequantizeLinear bit for b
       {-7, 7, 2, test::random_tensor({7}, 4, 0.2f, 1.0f), Tensor()},
       {-7, 7, -1, test::random_tensor({3}, 5, 0.2f, 1.0f), Tensor::from<int32_t>({3}, {0, 1, -2})},
   };
-  for (const Case& c : cases) {
-    INFO("range [" << c.qmin << ", " << c.qmax << "] axis " << c.axis << " scales " << c.scale.numel());
-    const Tensor y = test::run_node("FakeQuant", {x, c.scale, c.zp}, range(c.qmin, c.qmax, c.axis), 1, 17, 3, "mpq").at(0);
-    const int axis = c.axis < 0 ? c.axis + x.rank() : c.axis;
-    int64_t outer = 1, channels = c.scale.numel(), inner = 1;
-    if (channels == 1) {
-      inner = x.numel();
-    } else {
-      for (int d = 0; d < axis; ++d) outer *= x.dim(d);
-      for (int d = axis + 1; d < x.rank(); ++d) inner *= x.dim(d);
+  // Both builds of the loop: AVX-512 (where this CPU has it) and SSE2.
+  for (const bool baseline : {false, true}) {
+    std::optional<rt::cpu::ScopedFakeQuantBaseline> sse2;
+    if (baseline) sse2.emplace();
+    if (!baseline && !rt::cpu::fake_quant_avx512()) WARN("no AVX-512 on this CPU: only FakeQuant's SSE2 build is tested");
+    for (const Case& c : cases) {
+      INFO("range [" << c.qmin << ", " << c.qmax << "] axis " << c.axis << " scales " << c.scale.numel()
+                     << (baseline ? ", SSE2" : ", widest build"));
+      const Tensor y = test::run_node("FakeQuant", {x, c.scale, c.zp}, range(c.qmin, c.qmax, c.axis), 1, 17, 3, "mpq").at(0);
+      const int axis = c.axis < 0 ? c.axis + x.rank() : c.axis;
+      int64_t outer = 1, channels = c.scale.numel(), inner = 1;
+      if (channels == 1) {
+        inner = x.numel();
+      } else {
+        for (int d = 0; d < axis; ++d) outer *= x.dim(d);
+        for (int d = axis + 1; d < x.rank(); ++d) inner *= x.dim(d);
+      }
+      std::vector<int32_t> zp(static_cast<size_t>(channels), 0);
+      for (int64_t k = 0; c.zp.defined() && k < channels; ++k) zp[static_cast<size_t>(k)] = static_cast<int32_t>(c.zp.get_int64(c.zp.numel() == 1 ? 0 : k));
+      std::vector<float> want(static_cast<size_t>(x.numel()));
+      calib::fake_quantize_per_axis_ref(x.data<float>(), outer, channels, inner, c.scale.data<float>(), zp.data(), c.qmin,
+                                        c.qmax, want.data());
+      CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
     }
-    std::vector<int32_t> zp(static_cast<size_t>(channels), 0);
-    for (int64_t k = 0; c.zp.defined() && k < channels; ++k) zp[static_cast<size_t>(k)] = static_cast<int32_t>(c.zp.get_int64(c.zp.numel() == 1 ? 0 : k));
-    std::vector<float> want(static_cast<size_t>(x.numel()));
-    calib::fake_quantize_per_axis_ref(x.data<float>(), outer, channels, inner, c.scale.data<float>(), zp.data(), c.qmin,
-                                      c.qmax, want.data());
-    CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
+    // Every rounding tie of an int8 range at an odd scale, (k + 0.5) * scale, with its two float
+    // neighbours on each side, where x / scale lands on either side of the tie (about 1,400 values,
+    // padded with zeros to 4,099 for a vector tail).
+    {
+      const float scale = 0.0371f;
+      std::vector<float> values;
+      for (int k = -140; k < 140 && values.size() < 4099; ++k) {
+        const float tie = (static_cast<float>(k) + 0.5f) * scale;
+        for (float v = std::nextafter(std::nextafter(tie, -1e9f), -1e9f); values.size() < 4099; v = std::nextafter(v, 1e9f)) {
+          values.push_back(v);
+          if (v > std::nextafter(std::nextafter(tie, 1e9f), 1e9f)) break;
+        }
+      }
+      while (values.size() < 4099) values.push_back(0.0f);
+      const Tensor ties = Tensor::from<float>({static_cast<int64_t>(values.size())}, values);
+      const Tensor y = test::run_node("FakeQuant", {ties, Tensor::scalar<float>(scale)}, range(-128, 127), 1, 17, 1, "mpq").at(0);
+      std::vector<float> want(values.size());
+      const int32_t zero = 0;
+      calib::fake_quantize_per_axis_ref(values.data(), 1, 1, static_cast<int64_t>(values.size()), &scale, &zero, -128, 127,
+                                        want.data());
+      CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
+    }
   }
   // A range far wider than any integer type QuantizeLinear writes (FakeQuant allows any in int32):
   // values past 2^22 must still round half to even, exactly.

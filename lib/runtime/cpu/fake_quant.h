@@ -42,7 +42,22 @@ FakeQuantLayout fake_quant_layout(const ir::Node& node, const Shape& x, const Te
 bool fake_quantize_bias(const float* bias, int64_t channels, float input_scale, const float* weight_scales,
                         int64_t n_weight_scales, float* out);
 
-// y = fake_quantize(x) over the layout, parallel over channel runs.
+// y = fake_quantize(x) over the layout, parallel over channel runs. An AVX-512 build of the loop
+// runs where the CPU has it (the same bits as the SSE2 build).
 void fake_quantize(ThreadPool& pool, const FakeQuantLayout& l, const float* x, float* y);
+
+// Whether fake_quantize runs its AVX-512 build now; while a ScopedFakeQuantBaseline lives it runs
+// the SSE2 build everywhere (tests compare the two).
+bool fake_quant_avx512();
+class ScopedFakeQuantBaseline {
+ public:
+  ScopedFakeQuantBaseline();
+  ~ScopedFakeQuantBaseline();
+  ScopedFakeQuantBaseline(const ScopedFakeQuantBaseline&) = delete;
+  ScopedFakeQuantBaseline& operator=(const ScopedFakeQuantBaseline&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace mpq::rt::cpu
