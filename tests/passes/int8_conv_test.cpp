@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Options {
   bool float_weights = false;  // conv1's weights plain floats, not a DequantizeLinear
   bool per_tensor = false;     // one weight scale per convolution
   bool residual = false;       // conv2's output + a 1x1 projection of conv1's, then Relu
+  bool third = false;          // then Q/DQ -> conv3 (m2 -> m2, 3x3) -> Relu: conv2 between two int8 ones
 };
 
 Tensor int8_values(const Shape& shape, uint32_t seed, int lo, int hi) {
@@ -69,7 +71,8 @@ Value* qdq(Graph& g, Value* v, const std::string& name, float scale, const Optio
   return dq;
 }
 
-// x -> Q/DQ -> conv1 (+ Relu) -> Q/DQ -> conv2 (stride 2) [+ 1x1 projection of conv1's] -> Relu -> y
+// x -> Q/DQ -> conv1 (+ Relu) -> Q/DQ -> conv2 (stride 2) [+ 1x1 projection of conv1's] -> Relu
+//   [-> Q/DQ -> conv3 -> Relu] -> y
 Model qdq_model(const Options& o) {
   Model m;
   m.set_opset("", 13);
@@ -105,6 +108,14 @@ Model qdq_model(const Options& o) {
   }
   Value* y = g.add_value("y");
   g.add_node("Relu", {sum}, {y}, "relu2");
+  if (o.third) {
+    Value* c3 = g.add_value("c3");
+    Node* conv3 = g.add_node("Conv", {qdq(g, y, "bq", 0.01f, o), quantized_weights(g, "w3", {o.m2, o.m2, 3, 3}, 10, o.per_tensor)},
+                             {c3}, "conv3");
+    conv3->set_attr(Attribute::make_ints("pads", {1, 1, 1, 1}));
+    y = g.add_value("y3");
+    g.add_node("Relu", {c3}, {y}, "relu3");
+  }
   g.add_output(y);
   return m;
 }
@@ -238,7 +249,10 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
   // Odd sizes, 24 channels (not a multiple of the channel block); and ResNet's 32 x 32 images with
   // 16 channels at batch 8, which caught oneDNN's quantizing reorder sharing its scratch memory
   // between two threads (a batch split over two executors gave wrong results).
-  for (const Case& k : {Case{1, 24, 11, 13, 32, 40}, Case{4, 24, 11, 13, 32, 40}, Case{8, 16, 32, 32, 16, 32}})
+  // At batch 1 the convolutions large enough for two threads are cut into bands of output rows
+  // (11 rows: 6 and 5; the stride-2 one reads its neighbour's rows too) on channels-last tensors.
+  for (const Case& k : {Case{1, 24, 11, 13, 32, 40}, Case{1, 16, 32, 32, 16, 32}, Case{4, 24, 11, 13, 32, 40},
+                        Case{8, 16, 32, 32, 16, 32}})
     for (const bool residual : {false, true}) {
       Options o;
       o.n = k.n;
@@ -248,19 +262,33 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
       o.m1 = k.m1;
       o.m2 = k.m2;
       o.residual = residual;
+      o.third = o.n == 1;  // conv2 then has channels-last tensors on both sides (row bands)
       INFO("batch " << o.n << ", " << o.c << " channels" << (residual ? ", residual" : ""));
       Model m = fused(o);
       REQUIRE(node_named(m, "conv1")->has_attr("int8_scales"));
+      // One image: every convolution on every thread of the pool, however small (the tests run
+      // with idle threads asleep, where a second thread pays only from 4M multiply-adds).
+      std::optional<rt::cpu::ScopedOnednn> every_thread;
+      if (o.n == 1) every_thread.emplace(rt::cpu::OnednnUse::Always);
       const rt::Feeds feeds{{"x", test::random_tensor({o.n, o.c, o.h, o.w}, 21, -2.0f, 2.0f)}};
       const Tensor want = run(in_float(m), feeds, 1);
       const uint64_t before = rt::cpu::onednn_int8_conv_count();
       const Tensor one = run(m, feeds, 1);
-      CHECK(rt::cpu::onednn_int8_conv_count() >= before + 2);  // both convolutions in integers
+      CHECK(rt::cpu::onednn_int8_conv_count() >= before + (o.third ? 3 : 2));  // every convolution in integers
       // A batch split over two threads: the same bits. Fresh executors each time, so that both
       // threads quantize their weights (and inputs) at the same moment, as they would at start.
       const int64_t splits = rt::row_split_count();
+      const uint64_t conv_splits_before = rt::cpu::onednn_batch_split_count();
+      const uint64_t int8_before_two = rt::cpu::onednn_int8_conv_count();
       for (int repeat = 0; repeat < 4; ++repeat) CHECK(same_bits(one, run(m, feeds, 2)));
       if (o.n > 1) CHECK(rt::row_split_count() > splits);  // the batch really ran as two parts
+      // One image: conv2, channels-last on both sides, ran as two bands of output rows (the same
+      // bits above), each in integers, quantizing its own rows of X (conv1 reads the plain graph
+      // input and conv3 writes the plain graph output: they run whole).
+      if (o.n == 1) {
+        CHECK(rt::cpu::onednn_batch_split_count() == conv_splits_before + 4);
+        CHECK(rt::cpu::onednn_int8_conv_count() == int8_before_two + 4 * 4);
+      }
       if (o.n > 1) {
         // The same batch kept whole by the executor: each convolution splits it over the threads
         // itself, the parts sharing one int8 copy of the weights.

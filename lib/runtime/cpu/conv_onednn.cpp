@@ -842,13 +842,52 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   return true;
 }
 
+// One image of an int8 convolution on channels-last tensors, cut into bands of whole output rows,
+// one per thread; empty where it is not (see split_parts). In NHWC a band of rows is a contiguous
+// stretch of X, Y and Z, so a part is the same convolution on fewer rows: its input rows (with the
+// window's overlap into the neighbouring band) at an offset, the padding only at the image's own
+// edges. Integer sums are exact and the post-ops act per element, so the parts give the whole
+// convolution's bits.
+std::vector<Part> row_band_parts(const DnnlConvShape& s, int threads) {
+  std::vector<Part> parts;
+  if (s.n != 1 || s.int8 == nullptr || s.x_block != kChannelsLast || s.y_block != kChannelsLast ||
+      (s.residual && s.z_block != kChannelsLast) || s.ih == 1)
+    return parts;
+  const std::vector<int64_t> rows = row_parts(s.oh, threads);
+  if (rows.empty()) return parts;
+  const int64_t window = (s.kh - 1) * s.dh + 1;  // input rows one output row reads
+  int64_t o0 = 0;
+  for (const int64_t count : rows) {
+    const int64_t o1 = o0 + count;
+    const int64_t first = o0 * s.sh - s.pt;                    // may lie in the top padding
+    const int64_t last = (o1 - 1) * s.sh - s.pt + window - 1;  // may lie in the bottom padding
+    const int64_t i0 = std::max<int64_t>(first, 0), i1 = std::min<int64_t>(last + 1, s.ih);
+    Part p;
+    p.shape = s;
+    p.shape.oh = count;
+    p.shape.ih = i1 - i0;
+    p.shape.pt = i0 - first;
+    p.shape.pb = last + 1 - i1;
+    p.x_offset = i0 * s.iw * s.c;
+    p.y_offset = o0 * s.ow * s.m;
+    parts.push_back(p);
+    o0 = o1;
+  }
+  return parts;
+}
+
 // How a convolution on `threads` threads is split into parts, one per thread, each convolved by a
 // single-thread primitive (see onednn_conv_forward); empty where it runs whole. A batch is split
 // into whole images (every layout here, NCHW, channel blocks and NHWC, keeps each image's C * H * W
-// values together, images one after the other). One image is not split: parts of whole output
-// channel blocks (each reading all of X) were measured on the fashion ResNet at batch 1, 2 threads:
-// each split convolution was faster than oneDNN's own two-thread split (12.3 -> 8.1 us for the
-// stride-2 16 -> 32 one), but the unsplit ones after them slower (16 -> 25 us), 3-6% slower in all.
+// values together, images one after the other). One float image is not split: parts of whole
+// output channel blocks (each reading all of X) were measured on the fashion ResNet at batch 1, 2
+// threads: each split convolution was faster than oneDNN's own two-thread split (12.3 -> 8.1 us for
+// the stride-2 16 -> 32 one), but the unsplit ones after them slower (16 -> 25 us), 3-6% slower in
+// all. One image of an int8 convolution on channels-last tensors is cut into bands of output rows
+// (row_band_parts): oneDNN's own two-thread split of the int8 kernel hardly paid at batch 1 (INT8
+// ResNet, 2 threads: 0.171 -> 0.172 ms, its 16-channel 3x3 convolutions 32 -> 28 us), and with bands
+// each thread quantizes and convolves its own rows, which stay in its cache for the next
+// convolution's band.
 std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
   if (!batch_split_enabled()) return parts;
@@ -856,9 +895,10 @@ std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   // are fewer images than threads (oneDNN's own split would use the idle ones) or an uneven split
   // with few images per thread (3 images on 2 threads: 2 image-times, where oneDNN's split takes
   // about 1.5).
-  const std::vector<int64_t> images = row_parts(s.n, threads);
   // A convolution too small for a second thread runs on one, whole.
-  if (images.empty() || team_size(s, threads) < threads) return parts;
+  if (team_size(s, threads) < threads) return parts;
+  const std::vector<int64_t> images = row_parts(s.n, threads);
+  if (images.empty()) return row_band_parts(s, threads);
   int64_t at = 0;
   for (const int64_t count : images) {
     Part p;
@@ -886,7 +926,10 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     std::vector<Part> parts = split_parts(s, pool.size());
     std::vector<std::shared_ptr<Plan>> plans;
     for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, Direction::Forward));
-    const bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
+    bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
+    // An int8 convolution is split only where every part runs in integers too: a part on the float
+    // plan would round where the whole sums exactly.
+    for (const auto& q : plans) usable = usable && (s.int8 == nullptr || q->int8);
     // The parts share one reordered copy of the weights where every part's plan takes them in the
     // same layout (parts of equal size share the plan itself).
     bool share = usable && plans[0]->reorder_wei;

@@ -138,8 +138,9 @@ uint64_t onednn_conv_count();
 bool onednn_int8_convolutions();
 // How many of them ran in integers (DnnlConvShape::int8).
 uint64_t onednn_int8_conv_count();
-// How many of them ran with the batch split over the threads, one part of the images per thread
-// (inference with constant weights, a batch, a convolution large enough for every thread).
+// How many of them ran split over the threads, one part per thread (inference with constant
+// weights, a convolution large enough for every thread): a batch by whole images, or one image of
+// an int8 convolution on channels-last tensors by bands of output rows.
 uint64_t onednn_batch_split_count();
 
 // y = act(conv(x, w) + bias + z) through oneDNN, where it is enabled, measured faster than mpq's
@@ -156,7 +157,8 @@ uint64_t onednn_batch_split_count();
 // reordered copy is reused while w's address and the plan stay the same), and a batch of at least
 // one image per thread (an even split, or 4 or more per thread) on a pool of several threads is
 // split into whole images, one part per thread, each run by a single-thread primitive, where the
-// convolution is large enough for every thread. oneDNN's direct kernels sum each output in an
+// convolution is large enough for every thread; so is one image of an int8 convolution whose X, Y
+// (and Z) are channels-last, cut into bands of output rows (exact integer sums: the same bits). oneDNN's direct kernels sum each output in an
 // order set by the shape's blocking, not by the batch or thread count: conv_blocked_test checks
 // that a split batch gives the unsplit one's bits.
 bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
