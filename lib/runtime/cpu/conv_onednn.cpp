@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/quantize_nhwc.h"
 #include "runtime/batch_rows.h"
 #include "runtime/thread_pool.h"
 
@@ -167,6 +168,9 @@ struct Plan {
   // one buffer per primitive, and a scaling reorder run by two threads at once (the batch split
   // over single-thread executors) gave wrong results.
   size_t src_in_pad_bytes = 0, wei_in_pad_bytes = 0;
+  // The int8 source is dense NHWC and X plain NCHW or NHWC: mpq's quantize_to_nhwc_s8 writes it
+  // (the same values as src_in; oneDNN's NCHW -> NHWC quantizing reorder is slow).
+  bool quantize_src_here = false;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -415,6 +419,8 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
     if (!p->int8 || e.status != dnnl_unimplemented) throw;
     return float_plan_of(s);
   }
+  p->quantize_src_here = p->int8 && p->reorder_src && (s.x_block == 0 || s.x_block == kChannelsLast) &&
+                         p->pd.src_desc() == memory::desc(src, dt::s8, tag::nhwc);
   if (p->reorder_dst)
     p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
   if (p->reorder_z) p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_z, engine(), p->pd.dst_desc()));
@@ -820,8 +826,14 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   }
   if (p->reorder_src) {
     b.src.set_data_handle(s_src.get(p->src_bytes));
-    execute_reorder(p->src_in, stream, b.usrc, b.src, s.n * s.c * s.ih * s.iw, p->int8 ? &b.x_scale : nullptr,
-                    p->src_in_pad_bytes);
+    const int64_t elements = s.n * s.c * s.ih * s.iw;
+    // mpq's quantization on one thread where oneDNN's reorder would run on one too (see
+    // execute_reorder); a large one stays split over the team.
+    if (p->quantize_src_here && (omp_get_max_threads() == 1 || elements < kMinSplitReorder))
+      quantize_to_nhwc_s8(x, s.x_block == kChannelsLast, s.n, s.c, s.ih, s.iw, s.int8->x_inv,
+                          static_cast<int8_t*>(b.src.get_data_handle()));
+    else
+      execute_reorder(p->src_in, stream, b.usrc, b.src, elements, p->int8 ? &b.x_scale : nullptr, p->src_in_pad_bytes);
   }
   if (p->reorder_dst) b.dst.set_data_handle(s_dst.get(p->dst_bytes));
   b.uwei.set_data_handle(const_cast<float*>(w));
