@@ -1,7 +1,8 @@
-// quantize_to_nhwc_s8 (the input of an int8 convolution, quantized into oneDNN's channels-last int8
-// layout): its AVX-512 build against the scalar reference bit for bit, from NCHW (tiles of 16
-// channels x 16 pixels, with channel and pixel remainders) and from NHWC (vector tails), with values
-// past both ends of int8, exact rounding ties, their float neighbours, and NaN.
+// The layout conversions around an int8 convolution. quantize_to_nhwc_s8 (its input, quantized into
+// oneDNN's channels-last int8 layout): its AVX-512 build against the scalar reference bit for bit,
+// from NCHW (tiles of 16 channels x 16 pixels, with channel and pixel remainders) and from NHWC
+// (vector tails), with values past both ends of int8, exact rounding ties, their float neighbours,
+// and NaN. channels_last_to_plain (its NHWC result for an NCHW reader) against from_channel_blocks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -10,7 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/quantize_nhwc.h"
+#include "runtime/thread_pool.h"
 
 using namespace mpq::rt::cpu;
 
@@ -84,5 +87,29 @@ TEST_CASE("quantize_to_nhwc_s8 gives its scalar reference's bits from NCHW and N
     CHECK_FALSE(quantize_nhwc_avx512());
     quantize_to_nhwc_s8(x.data(), false, 2, 32, 6, 6, 16.0f, scalar.data());
     CHECK(std::memcmp(fast.data(), scalar.data(), fast.size()) == 0);
+  }
+}
+
+TEST_CASE("channels_last_to_plain gives from_channel_blocks' bits", "[int8_conv]") {
+  // An int8 convolution's NHWC result for a reader that takes NCHW: whole 16 x 16 tiles, channel and
+  // pixel remainders, several images, and the bit patterns of NaN and -0 carried through.
+  mpq::rt::ThreadPool pool(1);
+  struct Shape3 {
+    int64_t n, c, spatial;
+  };
+  for (const Shape3& s : {Shape3{1, 32, 256}, Shape3{1, 16, 1024}, Shape3{2, 35, 99}, Shape3{3, 17, 15}, Shape3{1, 2, 1024},
+                          Shape3{2, 64, 64}}) {
+    INFO(s.n << " x " << s.c << " x " << s.spatial);
+    const int64_t count = s.n * s.c * s.spatial;
+    std::vector<float> src(static_cast<size_t>(count));
+    std::mt19937 rng(static_cast<uint32_t>(count));
+    std::uniform_real_distribution<float> any(-5.0f, 5.0f);
+    for (float& v : src) v = any(rng);
+    src[1] = -0.0f;
+    src[2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> fast(src.size(), 1.0f), want(src.size(), 2.0f);
+    channels_last_to_plain(src.data(), fast.data(), s.n, s.c, s.spatial);
+    from_channel_blocks(pool, src.data(), want.data(), s.n, s.c, s.spatial, kChannelsLast);
+    CHECK(std::memcmp(fast.data(), want.data(), fast.size() * sizeof(float)) == 0);
   }
 }

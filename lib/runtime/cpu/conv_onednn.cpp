@@ -171,6 +171,9 @@ struct Plan {
   // The int8 source is dense NHWC and X plain NCHW or NHWC: mpq's quantize_to_nhwc_s8 writes it
   // (the same values as src_in; oneDNN's NCHW -> NHWC quantizing reorder is slow).
   bool quantize_src_here = false;
+  // The result is dense NHWC float and Y plain NCHW: channels_last_to_plain writes Y (the same
+  // values as dst_out).
+  bool dst_channels_last_to_plain = false;
   // Backward data (training): dX from dY and W; src_in reorders dY, dst_out dX.
   dnnl::convolution_backward_data::primitive_desc bwd_pd;
   dnnl::convolution_backward_data bwd;
@@ -421,6 +424,9 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   }
   p->quantize_src_here = p->int8 && p->reorder_src && (s.x_block == 0 || s.x_block == kChannelsLast) &&
                          p->pd.src_desc() == memory::desc(src, dt::s8, tag::nhwc);
+  p->dst_channels_last_to_plain = p->reorder_dst && s.y_block == 0 &&
+                                  p->pd.dst_desc() == memory::desc(dst, dt::f32, tag::nhwc) &&
+                                  p->user_dst == memory::desc(dst, dt::f32, tag::nchw);
   if (p->reorder_dst)
     p->dst_out = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->pd.dst_desc(), engine(), p->user_dst));
   if (p->reorder_z) p->z_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p->user_z, engine(), p->pd.dst_desc()));
@@ -858,7 +864,17 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
   if (s.bias) b.bias.set_data_handle(const_cast<float*>(p->int8 ? s.int8->bias.data() : bias));
   p->conv.execute(stream, b.args);
   if (p->int8) g_int8_count.fetch_add(1, std::memory_order_relaxed);
-  if (p->reorder_dst) execute_reorder(p->dst_out, stream, b.dst, b.udst, s.n * s.m * s.oh * s.ow);
+  if (p->reorder_dst) {
+    const int64_t elements = s.n * s.m * s.oh * s.ow;
+    // Channels-last to plain NCHW by mpq's tiled copy where oneDNN's reorder would run on one
+    // thread too (see execute_reorder): the same values, several times faster (channel_blocks.h).
+    if (p->dst_channels_last_to_plain && (omp_get_max_threads() == 1 || elements < kMinSplitReorder)) {
+      stream.wait();  // the convolution has written dst
+      channels_last_to_plain(static_cast<const float*>(b.dst.get_data_handle()), y, s.n, s.m, s.oh * s.ow);
+    } else {
+      execute_reorder(p->dst_out, stream, b.dst, b.udst, elements);
+    }
+  }
   stream.wait();
   return true;
 }

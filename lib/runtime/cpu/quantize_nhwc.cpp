@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cmath>
 
+#include "runtime/cpu/transpose16.h"
+
 namespace mpq::rt::cpu {
 
 namespace {
@@ -46,39 +48,17 @@ __attribute__((target("avx512f"), noinline)) void quantize_run_avx512(const floa
 }
 
 // NCHW in, NHWC out, in tiles of 16 channels x 16 pixels: the 16 channel rows of a tile are loaded,
-// transposed in registers (four rounds of shuffles) into 16 pixels of 16 channels each, quantized and
-// stored as 16 bytes per pixel. The channels and pixels that do not fill a tile take the scalar loop.
+// transposed in registers (transpose16.h) into 16 pixels of 16 channels each, quantized and stored as
+// 16 bytes per pixel. The channels and pixels that do not fill a tile take the scalar loop.
 __attribute__((target("avx512f"), noinline)) void transpose_quantize_avx512(const float* x, int64_t c, int64_t hw,
                                                                             float inv_s, int8_t* q) {
   const __m512 inv = _mm512_set1_ps(inv_s), lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(127.0f);
   const int64_t c16 = c - c % 16, p16 = hw - hw % 16;
   for (int64_t c0 = 0; c0 < c16; c0 += 16) {
     for (int64_t p0 = 0; p0 < p16; p0 += 16) {
-      __m512 r[16], t[16];
+      __m512 r[16];
       for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(x + (c0 + k) * hw + p0);
-      // Round 1: interleave pairs of rows (32-bit elements).
-      for (int k = 0; k < 16; k += 2) {
-        t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
-        t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
-      }
-      // Round 2: interleave pairs of pairs (64-bit elements).
-      for (int k = 0; k < 16; k += 4) {
-        r[k] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[k]), _mm512_castps_pd(t[k + 2])));
-        r[k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[k]), _mm512_castps_pd(t[k + 2])));
-        r[k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[k + 1]), _mm512_castps_pd(t[k + 3])));
-        r[k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[k + 1]), _mm512_castps_pd(t[k + 3])));
-      }
-      // Rounds 3 and 4: 128-bit lanes across groups of four and of eight rows.
-      for (int k = 0; k < 4; ++k) {
-        t[k] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0x88);
-        t[k + 4] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0xdd);
-        t[k + 8] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0x88);
-        t[k + 12] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0xdd);
-      }
-      for (int k = 0; k < 8; ++k) {
-        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-      }
+      transpose16x16(r);
       // r[k] now holds pixel p0 + k, channels c0 .. c0 + 15.
       for (int k = 0; k < 16; ++k)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + (p0 + k) * c + c0), quantize16(r[k], inv, lo, hi));
