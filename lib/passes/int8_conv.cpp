@@ -92,7 +92,7 @@ bool MarkInt8Conv::match(const ir::Model&, const ir::Node& node) const {
   for (const int64_t d : node.attr_ints("dilations", {}))
     if (d != 1) return false;
   const Tensor* w = constant_value(node.input(1));
-  if (!w || w->dtype() != DType::Float32 || w->rank() != 4 || w->dim(1) < 8 || w->dim(2) * w->dim(3) < 2) return false;
+  if (!w || w->dtype() != DType::Float32 || w->rank() != 4 || w->dim(1) < 8) return false;
   if (node.num_inputs() > 2 && node.input(2) && !constant_value(node.input(2))) return false;
   // Last, as the costliest (a oneDNN plan, made once per process, only for QDQ models): only where
   // oneDNN runs int8 exactly (VNNI); elsewhere a mark would only move the tensors around it to NHWC.
