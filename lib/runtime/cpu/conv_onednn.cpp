@@ -899,6 +899,9 @@ std::vector<Part> row_band_parts(const DnnlConvShape& s, int threads) {
     const int64_t first = o0 * s.sh - s.pt;                    // may lie in the top padding
     const int64_t last = (o1 - 1) * s.sh - s.pt + window - 1;  // may lie in the bottom padding
     const int64_t i0 = std::max<int64_t>(first, 0), i1 = std::min<int64_t>(last + 1, s.ih);
+    // A band whose windows lie wholly in padding (pads at least the window's height) has no input
+    // rows, which no primitive takes: such a convolution runs whole.
+    if (i1 <= i0) return {};
     Part p;
     p.shape = s;
     p.shape.oh = count;
