@@ -136,7 +136,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
                  "--format qoperator); quantized: the graph fused as `mpq run` runs it, keeping every tensor QDQ "
                  "export and qat-finetune read (faster; not with --trt-cache, not for --format qoperator)")
       ->check(CLI::IsMember({"all", "quantized"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--json", o->json, "print the table and timing as JSON to stdout");
   sub.footer("Example: mpq calibrate model.onnx --data calib_data/calib --method entropy -o model.calib.json");

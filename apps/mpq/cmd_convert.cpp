@@ -297,7 +297,7 @@ void setup_convert(CLI::App& sub, Action& action) {
   sub.add_option("--min-cosine", o->min_cosine, "with --validate: exit 1 when an output's cosine is below this");
   sub.add_flag("--list-policy", o->list_policy, "print the op policy table and exit");
   sub.add_option("--device", o->device, std::string("device for --data runs: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads for --data runs (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads for --data runs (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.footer("Examples:\n"
              "  mpq convert --fp16 model.onnx -o model.fp16.onnx\n"

@@ -248,7 +248,7 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
   sub.add_option("--device", o->device,
                  "cpu (default), auto (cuda when a GPU is usable, else cpu) or cuda (the student's forward and backward and the teacher on the GPU, "
                  "with the optimizer update; FP32 models, --amp as on the CPU; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");
   sub.add_option("--exclude-ops", o->exclude_ops, "op types to keep in float (comma separated)");

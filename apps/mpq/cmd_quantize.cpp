@@ -466,7 +466,7 @@ void setup_quantize(CLI::App& sub, Action& action) {
                  "not in other runtimes)")
       ->check(CLI::IsMember({"qdq", "qoperator", "fakequant"}));
   sub.add_option("--device", o->device, std::string("calibration device: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.add_option("--max-top1-drop", o->max_top1_drop,
                  "accuracy budget (fraction, 0.01 = 1 point): keep the fewest compute nodes in FP32 that meet it on --eval-data "

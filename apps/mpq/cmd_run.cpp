@@ -156,6 +156,7 @@ int run_command(const RunOpts& o) {
     j["device"] = rt::backend_name(backend);
     j["threads"] = exec.pool().size();
     j["idle_threads"] = idle_threads();
+    j["cpus_allowed"] = rt::allowed_cpus();
     j["feeds"] = feeds.size();
     j["outputs"] = nlohmann::json::array();
     for (size_t k = 0; k < out_names.size(); ++k)
@@ -200,7 +201,7 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("MODEL", o->model, "ONNX model file")->required();
   sub.add_option("--data", o->data, "data folder (feed subfolders, flat .npy/.pb files, or images)")->required();
   sub.add_option("--outputs", o->outputs, "write OUT/<feed id>/<output name>.npy for every feed");
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
   sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));

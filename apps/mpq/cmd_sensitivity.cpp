@@ -210,7 +210,7 @@ void setup_sensitivity(CLI::App& sub, Action& action) {
   sub.add_option("--class-axis", o->class_axis, "axis of class scores (default 1)");
   sub.add_option("--label-output", o->label_output, "classifier output to score (default: the first one)");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_flag("--json", o->json, "print the search as JSON to stdout");
   sub.footer(
       "Exit status: 0 budget met, 1 not met, 2 bad input.\n"

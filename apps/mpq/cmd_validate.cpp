@@ -233,7 +233,7 @@ void setup_validate(CLI::App& sub, Action& action) {
   sub.add_option("--batch-size", o->batch_size, "rows per run when a data file holds a batch (default 64)");
   sub.add_option("--class-axis", o->class_axis, "axis of class scores for top-1 (default 1; -1 for the last)");
   sub.add_option("--label-output", o->label_output, "output the labels refer to (default: the first classifier-shaped one)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per core)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
   sub.add_flag("--json", o->json, "print the JSON report to stdout");
   sub.footer(
       "Exit status: 0 every threshold holds, 1 a threshold failed (each printed), 2 bad input.\n"

@@ -3,13 +3,16 @@
 #include "runtime/blas_kernels.h"
 
 #include <cblas.h>
+#include <spdlog/spdlog.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace mpq::rt {
 
@@ -22,12 +25,50 @@ struct LoopDepth {
 };
 }  // namespace
 
-int hardware_threads() {
-  unsigned n = std::thread::hardware_concurrency();
+namespace {
+
+// The CPUs of every OpenMP place; empty where OpenMP binds nothing (no OMP_PROC_BIND, OMP_PLACES
+// or GOMP_CPU_AFFINITY), since libgomp then makes no places.
+bool openmp_place_cpus(cpu_set_t* set) {
+  CPU_ZERO(set);
+  const int places = omp_get_num_places();
+  for (int p = 0; p < places; ++p) {
+    std::vector<int> ids(static_cast<size_t>(std::max(omp_get_place_num_procs(p), 0)));
+    if (!ids.empty()) omp_get_place_proc_ids(p, ids.data());
+    for (int id : ids)
+      if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, set);
+  }
+  return CPU_COUNT(set) > 0;
+}
+
+}  // namespace
+
+int allowed_cpus() {
+  // Where OpenMP binds threads, libgomp has already pinned this (the initial) thread to the first
+  // place, so its own mask says one CPU; the places are what the team may use.
+  cpu_set_t set;
+  if (openmp_place_cpus(&set)) return CPU_COUNT(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+int hardware_threads() { return allowed_cpus(); }
+
+void widen_affinity_to_openmp_places() {
+  cpu_set_t set;
+  if (openmp_place_cpus(&set)) sched_setaffinity(0, sizeof set, &set);
+}
+
 ThreadPool::ThreadPool(int threads) : threads_(threads <= 0 ? hardware_threads() : threads) {
+  // More threads than CPUs: they take turns on the same cores, and every barrier waits for a
+  // thread that is not running (slower than fewer threads). Said once per process.
+  static std::atomic<bool> warned{false};
+  const int cpus = allowed_cpus();
+  if (threads_ > cpus && !warned.exchange(true))
+    spdlog::warn("{} threads asked for, but this process may run on {} CPU(s) (its affinity mask or OpenMP places): "
+                 "the threads will take turns; --threads {} avoids that",
+                 threads_, cpus, cpus);
   // OpenBLAS's own threads would compete with this pool's for the same cores (and spin after each
   // GEMM); large GEMMs are split over the pool instead (runtime/cpu/conv_common.h). The setting is
   // global to the process, and the same for every pool.

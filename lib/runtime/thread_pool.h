@@ -39,6 +39,19 @@ class ThreadPool {
   int threads_;
 };
 
+// The default team size: the CPUs this process may run on (allowed_cpus), so that `taskset` or a
+// container's cpuset is honoured.
 int hardware_threads();
+
+// The CPUs this process may run on: its affinity mask, or where OpenMP binds threads
+// (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY) the CPUs of OpenMP's places.
+int allowed_cpus();
+
+// For a process about to execv itself (apps/mpq/main.cpp): where OpenMP binds threads, libgomp
+// pins the initial thread to the first place when the library loads, and execv keeps that
+// thread's mask, so the new process would see that one place only (two threads on one core,
+// slower than one thread). This sets the calling thread's mask back to the CPUs of all places.
+// Nothing to do where OpenMP binds nothing.
+void widen_affinity_to_openmp_places();
 
 }  // namespace mpq::rt

@@ -3,6 +3,8 @@
 // channel-blocked convolutions) giving the outputs of the graph as written (--no-fusion).
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -100,6 +102,76 @@ TEST_CASE("mpq run says how its idle threads wait", "[cli][run]") {
     REQUIRE(j.exit_code == 0);
     const std::string mode = nlohmann::json::parse(j.out)["idle_threads"].get<std::string>();
     CHECK((mode == "spin" || mode == "sleep"));
+  }
+}
+
+namespace {
+
+// Restricts the calling thread (and so the mpq it starts) to its first allowed CPU for the scope.
+class ScopedOneCpu {
+ public:
+  ScopedOneCpu() {
+    sched_getaffinity(0, sizeof old_, &old_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &old_)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    sched_setaffinity(0, sizeof one, &one);
+  }
+  ~ScopedOneCpu() { sched_setaffinity(0, sizeof old_, &old_); }
+
+ private:
+  cpu_set_t old_;
+};
+
+int cpus_of_this_thread() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+}  // namespace
+
+TEST_CASE("mpq run uses the CPUs it may run on, also where OpenMP binds threads", "[cli][run][threads]") {
+  const std::vector<std::string> args{"run", model_path("resnet_bn_op17").string(), "--data",
+                                      data_path("resnet_bn_op17").string(), "--max-samples", "1", "--json"};
+  auto with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return test::run_mpq(a);
+  };
+  ScopedEnv set_by_main("MPQ_THREAD_ENV_SET", nullptr), chosen("MPQ_IDLE_THREADS", nullptr);
+  const int cpus = cpus_of_this_thread();
+  if (cpus < 2) {
+    WARN("skipped: this machine lets the test run on " << cpus << " CPU(s); the check needs 2");
+    return;
+  }
+  SECTION("OMP_PROC_BIND=close: the process mpq re-runs as keeps every CPU") {
+    // libgomp pins the first process's initial thread to one CPU before main; without widening
+    // its mask before execv, the re-run process would have one CPU for two threads.
+    ScopedEnv bind("OMP_PROC_BIND", "close");
+    const auto r = with({"--threads", "2"});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(nlohmann::json::parse(r.out)["cpus_allowed"] == cpus);
+    CHECK_THAT(r.err, !Catch::Contains("take turns"));
+  }
+  SECTION("one allowed CPU (taskset): one thread by default, a warning for more") {
+    ScopedOneCpu one;
+    const auto by_default = with({});
+    INFO(by_default.err);
+    REQUIRE(by_default.exit_code == 0);
+    const auto j = nlohmann::json::parse(by_default.out);
+    CHECK(j["cpus_allowed"] == 1);
+    CHECK(j["threads"] == 1);
+    CHECK_THAT(by_default.err, !Catch::Contains("take turns"));
+    const auto two = with({"--threads", "2"});
+    REQUIRE(two.exit_code == 0);
+    CHECK(nlohmann::json::parse(two.out)["threads"] == 2);
+    CHECK_THAT(two.err, Catch::Contains("2 threads asked for") && Catch::Contains("1 CPU(s)") &&
+                            Catch::Contains("--threads 1"));
   }
 }
 
