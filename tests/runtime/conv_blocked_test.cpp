@@ -186,6 +186,50 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
       }
 }
 
+TEST_CASE("A first layer writing channels-last output runs right (16 channels as nChw16c)", "[conv][blocked]") {
+  // X plain with few channels (an image), Y channels-last: with 16 output channels the plan takes
+  // Y as nChw16c, the same bytes, for oneDNN's direct first-layer kernel (conv_onednn.cpp); with 32
+  // it must not. Odd sizes, a stride, and the fake quantization an INT8 model's stem carries.
+  const std::vector<BlockCase> cases = {
+      {1, 3, 16, 1, {11, 9}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+      {2, 3, 16, 1, {13, 10}, {3, 3}, {2, 2}, {1, 1, 0, 1}},
+      {1, 1, 16, 1, {9, 7}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+      {1, 3, 32, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1, 1, 1}},
+  };
+  uint32_t seed = 4100;
+  for (const BlockCase& k : cases)
+    for (const bool fake_quant : {false, true}) {
+      INFO("C=" << k.c << " M=" << k.m << " N=" << k.n << " in " << shape_str(k.in) << " strides "
+                << shape_str(k.strides) << (fake_quant ? " with fake quantization" : ""));
+      const Tensor x = test::random_tensor({k.n, k.c, k.in[0], k.in[1]}, seed++, -2.0f, 2.0f);
+      const Tensor w = test::random_tensor({k.m, k.c, k.kernel[0], k.kernel[1]}, seed++);
+      const Tensor b = test::random_tensor({k.m}, seed++);
+      Tensor want = want_of(x, w, b, nullptr, k);
+      const float s = 0.02f;
+      Attrs attrs{ir::Attribute::make_ints("strides", k.strides), ir::Attribute::make_ints("pads", k.pads),
+                  ir::Attribute::make_string("activation", "Relu"),
+                  ir::Attribute::make_int("y_block", rt::cpu::kChannelsLast)};
+      if (fake_quant) {
+        attrs.push_back(ir::Attribute::make_floats("fake_quant", {s, -128.0f, 127.0f}));
+        float* p = want.data<float>();
+        for (int64_t i = 0; i < want.numel(); ++i) p[i] = std::nearbyint(std::clamp(p[i] / s, -128.0f, 127.0f)) * s;
+      }
+      const uint64_t before = rt::cpu::onednn_conv_count();
+      const Tensor got = unblocked(test::run_node("FusedConv", {x, w, b}, attrs, 1, 17, 1, "mpq")[0],
+                                   rt::cpu::kChannelsLast);
+      if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() == before + 1);
+      // Float sums in another order than the reference's: with fake quantization a value within
+      // rounding of a tie may land one step away.
+      const double tol = fake_quant ? s * 1.001 : 1e-4 * std::max(1.0, test::max_abs_diff(want, Tensor::zeros(DType::Float32, want.shape())));
+      CHECK(test::max_abs_diff(got, want) <= tol);
+      if (fake_quant) {
+        int64_t off = 0;
+        for (int64_t i = 0; i < want.numel(); ++i) off += got.data<float>()[i] != want.data<float>()[i];
+        CHECK(off * 100 <= want.numel());
+      }
+    }
+}
+
 TEST_CASE("FusedConv rejects malformed channel-block attributes", "[conv][blocked][negative]") {
   const Tensor x = test::random_tensor({1, 12, 5, 5}, 1);
   const Tensor w = test::random_tensor({8, 12, 3, 3}, 2);
