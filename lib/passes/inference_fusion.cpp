@@ -5,6 +5,7 @@
 #include "calib/table.h"
 #include "ir/onnx_tools.h"
 #include "passes/block_conv_layout.h"
+#include "passes/drop_redundant_fake_quant.h"
 #include "passes/fold_constants.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
@@ -45,12 +46,13 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   FuseMatMulBias fuse_matmul_bias;
   FuseQdqPair fuse_qdq;
   FuseConvFakeQuant fuse_conv_fq;
+  DropRedundantFakeQuant drop_fq;
   MarkInt8Conv int8_conv;
   std::vector<Pass*> pipeline = {&fold, &fuse_bn};
   // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
   if (backend == rt::BackendKind::CPU) {
-    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq});
+    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq, &drop_fq});
     if (int8_conv_enabled()) pipeline.push_back(&int8_conv);
   }
   std::vector<std::string> notes;

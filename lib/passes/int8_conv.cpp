@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "passes/drop_redundant_fake_quant.h"
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_fake_quant.h"
 #include "runtime/cpu/conv_onednn.h"
@@ -13,22 +14,14 @@ namespace mpq::passes {
 
 namespace {
 
-// X's grid: the scale of the FakeQuant that produced it (alone or fused into a convolution), where
-// its integer range relative to the zero point fits int8; 0 otherwise.
+// X's grid: the scale of the FakeQuant that produced it (alone or fused into a convolution, also
+// through a MaxPool or Concat of such values: passes/drop_redundant_fake_quant), where its integer
+// range relative to the zero point fits int8; 0 otherwise.
 float input_int8_scale(const ir::Node& conv) {
-  const ir::Value* x = conv.input(0);
-  const ir::Node* p = x ? x->producer() : nullptr;
-  if (!p) return 0.0f;
-  float scale = 0, lo = 0, hi = 0;
-  if (is_fused_conv(*p) && p->has_attr("fake_quant")) {
-    const std::vector<float> v = p->attr_floats("fake_quant", {});
-    if (v.size() != 3) return 0.0f;
-    scale = v[0], lo = v[1], hi = v[2];
-  } else if (!scalar_fake_quant(*p, scale, lo, hi)) {
-    return 0.0f;
-  }
-  if (!(scale > 0.0f) || !std::isfinite(scale) || lo < -128.0f || hi > 127.0f) return 0.0f;
-  return scale;
+  FakeQuantGrid grid;
+  if (!fake_quant_grid(conv.input(0), grid)) return 0.0f;
+  if (!(grid.scale > 0.0f) || !std::isfinite(grid.scale) || grid.lo < -128.0f || grid.hi > 127.0f) return 0.0f;
+  return grid.scale;
 }
 
 // Whether every value of w's channel `values` (count n) is an integer in [-qmax, qmax] times s,

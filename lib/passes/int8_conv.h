@@ -12,8 +12,9 @@ namespace mpq::passes {
 //
 // Marked only where every value is on an int8 grid, so that nothing is approximated:
 // - X comes from a FakeQuant with one scale (fuse_qdq_pair's node) or from a convolution with that
-//   FakeQuant fused (fuse_conv_fake_quant's fake_quant attribute), whose range relative to the
-//   zero point lies within [-128, 127];
+//   FakeQuant fused (fuse_conv_fake_quant's fake_quant attribute), directly or through a MaxPool,
+//   Concat or reshaping of such values (drop_redundant_fake_quant's fake_quant_grid), whose range
+//   relative to the zero point lies within [-128, 127];
 // - W is a float32 constant in which every output channel's values are integers in [-127, 127]
 //   times one scale: what folding a DequantizeLinear of int8 (or 4-bit) weights gives, to float
 //   rounding, per channel or per tensor;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "ir/verify.h"
 #include "passes/convert_precision.h"
+#include "passes/drop_redundant_fake_quant.h"
 #include "passes/fold_constants.h"
 #include "passes/block_conv_layout.h"
 #include "passes/fuse_conv_activation.h"
@@ -78,6 +79,7 @@ void register_all_passes(PassRegistry& r) {
   r.add("fuse_matmul_bias", [] { return std::make_unique<FuseMatMulBias>(); });
   r.add("fuse_qdq_pair", [] { return std::make_unique<FuseQdqPair>(); });
   r.add("fuse_conv_fake_quant", [] { return std::make_unique<FuseConvFakeQuant>(); });
+  r.add("drop_redundant_fake_quant", [] { return std::make_unique<DropRedundantFakeQuant>(); });
   r.add("mark_int8_conv", [] { return std::make_unique<MarkInt8Conv>(); });
   // The AVX2 block; `mpq run` constructs it with the block of the CPU it runs on.
   r.add("block_conv_layout", [] { return std::make_unique<BlockConvLayout>(8); });
