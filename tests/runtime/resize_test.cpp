@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/resize.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 
@@ -275,6 +277,37 @@ TEST_CASE("Resize float32 NCHW bilinear fast path matches the reference", "[resi
   n.coord = "asymmetric";
   n.nearest = "floor";
   check_resize(x, n, {1.0f, 1.0f, 3.0f, 3.0f}, false);
+}
+
+TEST_CASE("Resize bilinear: the vector row loops give the portable loops' bits", "[resize]") {
+  // Widths around the 16-output steps, up- and downsampling (0.4 and 0.25: 16 outputs' taps span
+  // more than 16 inputs, where the AVX-512 loop gathers), the U-Net's 2x, a reversed region of
+  // interest (taps that fall with x), and each row loop's tail.
+  uint32_t seed = 900;
+  for (const int64_t w : {5, 16, 17, 31, 33, 64})
+    for (const float scale : {2.0f, 1.83f, 3.0f, 0.7f, 0.4f, 0.25f})
+      for (const bool crop : {false, true}) {
+        const Tensor x = test::random_tensor({1, 3, 7, w}, seed++, -4.0f, 4.0f);
+        RefSpec s;
+        s.mode = "linear";
+        std::vector<float> roi;
+        if (crop) {
+          s.coord = "tf_crop_and_resize";
+          roi = {0, 0, 0.1f, 0.9f, 1, 1, 0.8f, 0.05f};  // W's region runs from 0.9 down to 0.05
+        }
+        const std::vector<float> scales{1.0f, 1.0f, 1.5f, scale};
+        const Tensor roi_t = crop ? floats(roi) : Tensor();
+        auto run = [&] { return run_node("Resize", {x, roi_t, floats(scales)}, resize_attrs(s), 1, 19)[0]; };
+        INFO("W " << w << " scale " << scale << (crop ? " cropped, reversed" : ""));
+        const Tensor fast = run();
+        Tensor portable;
+        {
+          rt::cpu::ScopedResizeBaseline baseline;
+          portable = run();
+        }
+        REQUIRE(fast.shape() == portable.shape());
+        CHECK(std::memcmp(fast.raw_data(), portable.raw_data(), fast.nbytes()) == 0);
+      }
 }
 
 TEST_CASE("Resize axes, keep_aspect_ratio_policy, integer data, opset 10/11 inputs", "[resize]") {

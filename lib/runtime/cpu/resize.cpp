@@ -10,7 +10,10 @@
 // Interpolation is separable: one pass per resized axis (shrinking axes first). Float32 4-D
 // inputs resized on H and W only get fused nearest / bilinear kernels. Opset 10 and Upsample use
 // the pre-11 rules (asymmetric coordinates; nearest floors when upsampling, ceils when downsampling).
+#include "runtime/cpu/resize.h"
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -270,6 +273,58 @@ __attribute__((target("avx2"))) void blend_rows_avx2(const float* h0, const floa
 }
 #endif
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// 16 outputs per step without gathers (slow on CPUs with the gather data sampling mitigation: the
+// AVX2 loop above was 4% of an INT8 U-Net run): where the 16 outputs' taps lie within 16
+// consecutive inputs (any upsampling, mild downsampling), one load of those inputs and two
+// in-register permutes give both taps; otherwise the step gathers. Same products and sums as the
+// portable loop, so the same bits. Not inlined, so that its own vzeroupper ends every use of the
+// 512-bit registers (see calib/histogram.cpp). GCC 12's AVX-512 intrinsics start from
+// _mm512_undefined_*(), which -Wmaybe-uninitialized reports (a known false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"), noinline)) void horizontal_row_avx512(const float* src, const int32_t* x0, const int32_t* x1,
+                                                              const float* wa, const float* wb, float* dst, int64_t from,
+                                                              int64_t n, int64_t src_len) {
+  int64_t x = from;
+  for (; x + 16 <= n; x += 16) {
+    const __m512i i0 = _mm512_loadu_si512(x0 + x), i1 = _mm512_loadu_si512(x1 + x);
+    // Taps need not grow with x (a reversed region of interest), so the window is their range.
+    const int32_t base = _mm512_reduce_min_epi32(_mm512_min_epi32(i0, i1));
+    const int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32(i0, i1));
+    __m512 s0, s1;
+    if (top - base < 16 && base >= 0) {
+      const int64_t avail = std::min<int64_t>(16, src_len - base);
+      const __mmask16 m = static_cast<__mmask16>((1u << avail) - 1u);
+      const __m512 window = _mm512_maskz_loadu_ps(m, src + base);
+      const __m512i b = _mm512_set1_epi32(base);
+      s0 = _mm512_permutexvar_ps(_mm512_sub_epi32(i0, b), window);
+      s1 = _mm512_permutexvar_ps(_mm512_sub_epi32(i1, b), window);
+    } else {
+      s0 = _mm512_i32gather_ps(i0, src, 4);
+      s1 = _mm512_i32gather_ps(i1, src, 4);
+    }
+    _mm512_storeu_ps(dst + x, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(wa + x), s0),
+                                            _mm512_mul_ps(_mm512_loadu_ps(wb + x), s1)));
+  }
+  horizontal_row_plain(src, x0, x1, wa, wb, dst, x, n);
+}
+
+__attribute__((target("avx512f"), noinline)) void blend_rows_avx512(const float* h0, const float* h1, float w0, float w1,
+                                                          float* dst, int64_t from, int64_t n) {
+  const __m512 a = _mm512_set1_ps(w0), b = _mm512_set1_ps(w1);
+  int64_t x = from;
+  for (; x + 16 <= n; x += 16)
+    _mm512_storeu_ps(dst + x, _mm512_add_ps(_mm512_mul_ps(a, _mm512_loadu_ps(h0 + x)),
+                                            _mm512_mul_ps(b, _mm512_loadu_ps(h1 + x))));
+  blend_rows_plain(h0, h1, w0, w1, dst, x, n);
+}
+#pragma GCC diagnostic pop
+#endif
+
+// Set while a ScopedResizeBaseline lives: the portable row loops only.
+std::atomic<bool> g_resize_baseline{false};
+
 using HorizontalRowFn = void (*)(const float*, const int32_t*, const int32_t*, const float*, const float*, float*,
                                  int64_t, int64_t);
 using BlendRowsFn = void (*)(const float*, const float*, float, float, float*, int64_t, int64_t);
@@ -290,15 +345,29 @@ Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const
     wa[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x)];
     wb[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x + 1)];
   }
-  HorizontalRowFn horizontal_row = horizontal_row_plain;
+  HorizontalRowFn horizontal_row_narrow = horizontal_row_plain;
   BlendRowsFn blend_rows = blend_rows_plain;
+  bool wide = false;  // the AVX-512 kernels
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) {
-    horizontal_row = horizontal_row_avx2;
-    blend_rows = blend_rows_avx2;
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!g_resize_baseline.load(std::memory_order_relaxed)) {
+    if (avx512) {
+      wide = true;
+      blend_rows = blend_rows_avx512;
+    } else if (avx2) {
+      horizontal_row_narrow = horizontal_row_avx2;
+      blend_rows = blend_rows_avx2;
+    }
   }
 #endif
+  auto horizontal_row = [&](const float* src, const int32_t* i0, const int32_t* i1, const float* a, const float* b,
+                            float* dst, int64_t from, int64_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (wide) return horizontal_row_avx512(src, i0, i1, a, b, dst, from, n, W);
+#endif
+    horizontal_row_narrow(src, i0, i1, a, b, dst, from, n);
+  };
   // Work items: (plane, block of output rows); each keeps its own cache of two horizontal rows.
   const int64_t rows_per_block = std::max<int64_t>(1, std::min<int64_t>(OH, 16384 / std::max<int64_t>(OW, 1)));
   const int64_t blocks = (OH + rows_per_block - 1) / rows_per_block;
@@ -628,6 +697,9 @@ void upsample_kernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+ScopedResizeBaseline::ScopedResizeBaseline() : previous_(g_resize_baseline.exchange(true)) {}
+ScopedResizeBaseline::~ScopedResizeBaseline() { g_resize_baseline.store(previous_); }
 
 void register_resize(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
