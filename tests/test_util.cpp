@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -131,6 +132,22 @@ int count_ops(const ir::Graph& g, const std::string& op) {
 }
 
 int count_ops(const ir::Model& m, const std::string& op) { return count_ops(*m.graph, op); }
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+ir::Value* add_qdq(ir::Graph& g, ir::Value* v, const std::string& name, float scale, bool uint8, int zero_point) {
+  ir::Value* s = g.add_initializer(name + "_s", Tensor::from<float>({}, {scale}));
+  ir::Value* z = uint8 ? g.add_initializer(name + "_z", Tensor::from<uint8_t>({}, {static_cast<uint8_t>(zero_point)}))
+                       : g.add_initializer(name + "_z", Tensor::from<int8_t>({}, {static_cast<int8_t>(zero_point)}));
+  ir::Value* q = g.add_value(name + "_q");
+  g.add_node("QuantizeLinear", {v, s, z}, {q}, name + "_quant");
+  ir::Value* dq = g.add_value(name + "_dq");
+  g.add_node("DequantizeLinear", {q, s, z}, {dq}, name + "_dequant");
+  return dq;
+}
 
 std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds) {
   rt::Executor exec(m);

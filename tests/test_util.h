@@ -47,6 +47,14 @@ double rel_l2(const Tensor& a, const Tensor& b);
 // Write a small model (its graph built by the caller) to `path`.
 void write_model(const ir::Model& m, const fs::path& path);
 
+// Same shape, type and bytes (a -0 differs from +0, a NaN equals itself).
+bool same_bits(const Tensor& a, const Tensor& b);
+
+// QuantizeLinear -> DequantizeLinear of `v` with one scale and an int8 (or uint8) zero point, as a
+// QDQ model quantizes an activation; returns the dequantized value. Names start with `name`.
+ir::Value* add_qdq(ir::Graph& g, ir::Value* v, const std::string& name, float scale, bool uint8 = false,
+                   int zero_point = 0);
+
 // Nodes of type `op` in the graph (subgraphs not counted).
 int count_ops(const ir::Graph& g, const std::string& op);
 int count_ops(const ir::Model& m, const std::string& op);

@@ -5,7 +5,6 @@
 // int8.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <vector>
 
 #include "ir/verify.h"
@@ -22,9 +21,7 @@ using namespace mpq::ir;
 
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
+using test::same_bits;
 
 struct Options {
   float pool_requant_scale = 0.05f;     // the QDQ after the MaxPool (0.05: the same as its input's)
@@ -32,16 +29,7 @@ struct Options {
 };
 
 // Q -> DQ of v with scale s and an int8 (or uint8) zero point 0.
-Value* qdq(Graph& g, Value* v, float s, bool uint8, const std::string& name) {
-  Value* scale = g.add_initializer(name + "_s", Tensor::from<float>({}, {s}));
-  Value* zp = uint8 ? g.add_initializer(name + "_zp", Tensor::from<uint8_t>({}, {0}))
-                    : g.add_initializer(name + "_zp", Tensor::from<int8_t>({}, {0}));
-  Value* q = g.add_value(name + "_q");
-  g.add_node("QuantizeLinear", {v, scale, zp}, {q}, name + "_quant");
-  Value* dq = g.add_value(name + "_dq");
-  g.add_node("DequantizeLinear", {q, scale, zp}, {dq}, name + "_dequant");
-  return dq;
-}
+Value* qdq(Graph& g, Value* v, float s, bool uint8, const std::string& name) { return test::add_qdq(g, v, name, s, uint8); }
 
 // x [1, 16, 9, 7]:
 //   a = QDQ(Relu(Conv3x3(x)))                  (fused into the convolution)
@@ -92,12 +80,6 @@ Model fused(const Model& original, bool drop) {
   return m;
 }
 
-int count_op(const Model& m, const std::string& op) {
-  int n = 0;
-  for (const auto& node : m.graph->nodes()) n += node->op_type == op ? 1 : 0;
-  return n;
-}
-
 std::vector<Tensor> run_model(const Model& m, const Tensor& x, int threads) {
   rt::ExecOptions eo;
   eo.threads = threads;
@@ -120,8 +102,8 @@ TEST_CASE("drop_redundant_fake_quant drops re-quantization on the same grid, sam
   const Model kept = fused(original, false), dropped = fused(original, true);
   CHECK(verify(dropped).empty());
   // Left by the fusions: the FakeQuant of x, the MaxPool's and the Concat's; the convolution's is fused.
-  CHECK(count_op(kept, "FakeQuant") == 3);
-  CHECK(count_op(dropped, "FakeQuant") == 1);
+  CHECK(test::count_ops(kept, "FakeQuant") == 3);
+  CHECK(test::count_ops(dropped, "FakeQuant") == 1);
   // The Concat now reads the MaxPool's output directly, and the convolution the Concat's.
   passes::FakeQuantGrid grid;
   REQUIRE(dropped.graph->find("cat") != nullptr);
@@ -145,7 +127,7 @@ TEST_CASE("drop_redundant_fake_quant keeps a FakeQuant that changes values or is
     Options o;
     o.pool_requant_scale = 0.07f;
     const Model m = fused(model(o), true);
-    CHECK(count_op(m, "FakeQuant") == 3);
+    CHECK(test::count_ops(m, "FakeQuant") == 3);
     passes::FakeQuantGrid grid;
     CHECK_FALSE(passes::fake_quant_grid(m.graph->find("cat"), grid));
     const Tensor x = input(83);
@@ -155,7 +137,7 @@ TEST_CASE("drop_redundant_fake_quant keeps a FakeQuant that changes values or is
     Options o;
     o.pool_requant_uint8 = true;
     const Model m = fused(model(o), true);
-    CHECK(count_op(m, "FakeQuant") == 3);
+    CHECK(test::count_ops(m, "FakeQuant") == 3);
     const Tensor x = input(84);
     CHECK(same_bits(run_model(m, x, 2)[0], run_model(model(o), x, 2)[0]));
   }
@@ -170,7 +152,7 @@ TEST_CASE("drop_redundant_fake_quant keeps a FakeQuant that changes values or is
     passes::DropRedundantFakeQuant drop_fq;
     passes::run_pass(drop_fq, m);
     CHECK(verify(m).empty());
-    CHECK(count_op(m, "FakeQuant") == 2);  // x's and the Concat's; the MaxPool's is dropped
+    CHECK(test::count_ops(m, "FakeQuant") == 2);  // x's and the Concat's; the MaxPool's is dropped
     CHECK(catq->producer() != nullptr);
     CHECK(catq->producer()->op_type == "FakeQuant");
   }

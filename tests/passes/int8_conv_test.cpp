@@ -61,14 +61,7 @@ Value* quantized_weights(Graph& g, const std::string& name, const Shape& shape, 
 
 // QuantizeLinear -> DequantizeLinear of an activation (one scale).
 Value* qdq(Graph& g, Value* v, const std::string& name, float scale, const Options& o) {
-  Value* s = g.add_initializer(name + "_s", Tensor::from<float>({}, {scale}));
-  Value* z = o.uint8 ? g.add_initializer(name + "_z", Tensor::from<uint8_t>({}, {static_cast<uint8_t>(o.zero_point)}))
-                     : g.add_initializer(name + "_z", Tensor::from<int8_t>({}, {static_cast<int8_t>(o.zero_point)}));
-  Value* q = g.add_value(name + "_q");
-  g.add_node("QuantizeLinear", {v, s, z}, {q}, name + "_quant");
-  Value* dq = g.add_value(name + "_dq");
-  g.add_node("DequantizeLinear", {q, s, z}, {dq}, name + "_dequant");
-  return dq;
+  return test::add_qdq(g, v, name, scale, o.uint8, o.zero_point);
 }
 
 // x -> Q/DQ -> conv1 (+ Relu) -> Q/DQ -> conv2 (stride 2) [+ 1x1 projection of conv1's] -> Relu
