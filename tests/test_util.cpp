@@ -149,8 +149,10 @@ ir::Value* add_qdq(ir::Graph& g, ir::Value* v, const std::string& name, float sc
   return dq;
 }
 
-std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds) {
-  rt::Executor exec(m);
+std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds, int threads) {
+  rt::ExecOptions options;
+  options.threads = threads;
+  rt::Executor exec(m, options);
   return exec.run(feeds);
 }
 

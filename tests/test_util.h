@@ -65,8 +65,8 @@ ir::Model load_test_model(const std::string& name);
 // below 50 (an input named attention_mask all ones); dimensions not fixed by the model become 2.
 rt::Feeds random_feeds(const ir::Model& m, uint32_t seed);
 
-// Runs a whole model once on a default executor.
-std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds);
+// Runs a whole model once on a default executor (threads > 0: on that many threads).
+std::vector<Tensor> run_model(const ir::Model& m, const rt::Feeds& feeds, int threads = 0);
 
 // Runs one node (named "node_under_test", of `domain` at version 1 when not the default domain)
 // through the executor on `threads` threads; undefined tensors in `inputs` are omitted optional

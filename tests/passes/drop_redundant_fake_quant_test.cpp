@@ -80,12 +80,7 @@ Model fused(const Model& original, bool drop) {
   return m;
 }
 
-std::vector<Tensor> run_model(const Model& m, const Tensor& x, int threads) {
-  rt::ExecOptions eo;
-  eo.threads = threads;
-  rt::Executor exec(m, eo);
-  return exec.run({{"x", x}});
-}
+std::vector<Tensor> run_model(const Model& m, const Tensor& x, int threads) { return test::run_model(m, {{"x", x}}, threads); }
 
 // Inputs with values on and between grid steps, ties (k + 0.5 steps) and beyond int8's range.
 Tensor input(uint32_t seed) {

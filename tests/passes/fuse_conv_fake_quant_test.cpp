@@ -84,12 +84,7 @@ Model qdq_conv_model(const Options& o) {
   return m;
 }
 
-std::vector<Tensor> run_model(const Model& m, const Tensor& x, int threads) {
-  rt::ExecOptions eo;
-  eo.threads = threads;
-  rt::Executor exec(m, eo);
-  return exec.run({{"x", x}});
-}
+std::vector<Tensor> run_model(const Model& m, const Tensor& x, int threads) { return test::run_model(m, {{"x", x}}, threads); }
 
 int count_op(const Model& m, const std::string& op) {
   int n = 0;

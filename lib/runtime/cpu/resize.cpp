@@ -285,7 +285,7 @@ __attribute__((target("avx2"))) void blend_rows_avx2(const float* h0, const floa
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"), noinline)) void horizontal_row_avx512(const float* src, const int32_t* x0, const int32_t* x1,
                                                               const float* wa, const float* wb, float* dst, int64_t from,
-                                                              int64_t n, int64_t src_len) {
+                                                              int64_t n) {
   int64_t x = from;
   for (; x + 16 <= n; x += 16) {
     const __m512i i0 = _mm512_loadu_si512(x0 + x), i1 = _mm512_loadu_si512(x1 + x);
@@ -294,8 +294,8 @@ __attribute__((target("avx512f"), noinline)) void horizontal_row_avx512(const fl
     const int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32(i0, i1));
     __m512 s0, s1;
     if (top - base < 16 && base >= 0) {
-      const int64_t avail = std::min<int64_t>(16, src_len - base);
-      const __mmask16 m = static_cast<__mmask16>((1u << avail) - 1u);
+      // Only the inputs the taps name: nothing past the row's last tap is read.
+      const __mmask16 m = static_cast<__mmask16>((1u << (top - base + 1)) - 1u);
       const __m512 window = _mm512_maskz_loadu_ps(m, src + base);
       const __m512i b = _mm512_set1_epi32(base);
       s0 = _mm512_permutexvar_ps(_mm512_sub_epi32(i0, b), window);
@@ -345,29 +345,21 @@ Tensor bilinear_2d(ThreadPool& pool, const Tensor& in, const AxisTaps& ty, const
     wa[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x)];
     wb[static_cast<size_t>(x)] = tx.w[static_cast<size_t>(2 * x + 1)];
   }
-  HorizontalRowFn horizontal_row_narrow = horizontal_row_plain;
+  HorizontalRowFn horizontal_row = horizontal_row_plain;
   BlendRowsFn blend_rows = blend_rows_plain;
-  bool wide = false;  // the AVX-512 kernels
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const bool avx2 = __builtin_cpu_supports("avx2");
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   if (!g_resize_baseline.load(std::memory_order_relaxed)) {
     if (avx512) {
-      wide = true;
+      horizontal_row = horizontal_row_avx512;
       blend_rows = blend_rows_avx512;
     } else if (avx2) {
-      horizontal_row_narrow = horizontal_row_avx2;
+      horizontal_row = horizontal_row_avx2;
       blend_rows = blend_rows_avx2;
     }
   }
 #endif
-  auto horizontal_row = [&](const float* src, const int32_t* i0, const int32_t* i1, const float* a, const float* b,
-                            float* dst, int64_t from, int64_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (wide) return horizontal_row_avx512(src, i0, i1, a, b, dst, from, n, W);
-#endif
-    horizontal_row_narrow(src, i0, i1, a, b, dst, from, n);
-  };
   // Work items: (plane, block of output rows); each keeps its own cache of two horizontal rows.
   const int64_t rows_per_block = std::max<int64_t>(1, std::min<int64_t>(OH, 16384 / std::max<int64_t>(OW, 1)));
   const int64_t blocks = (OH + rows_per_block - 1) / rows_per_block;
