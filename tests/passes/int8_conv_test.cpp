@@ -5,6 +5,8 @@
 // split over threads gives the unsplit batch's bits; a malformed attribute is refused naming the node.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -14,6 +16,7 @@
 #include "passes/inference_fusion.h"
 #include "passes/int8_conv.h"
 #include "runtime/batch_rows.h"
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 #include "runtime/thread_pool.h"
@@ -246,7 +249,8 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
   // 16 channels at batch 8, which caught oneDNN's quantizing reorder sharing its scratch memory
   // between two threads (a batch split over two executors gave wrong results).
   // At batch 1 the convolutions large enough for two threads are cut into bands of output rows
-  // (11 rows: 6 and 5; the stride-2 one reads its neighbour's rows too) on channels-last tensors.
+  // on channels-last tensors (conv2 of the 11 x 13 image: 6 output rows, 3 and 3; the 32 x 32 one:
+  // 16, 8 and 8); the test below takes uneven bands, stride 1 and 1x1 convolutions.
   for (const Case& k : {Case{1, 24, 11, 13, 32, 40}, Case{1, 16, 32, 32, 16, 32}, Case{4, 24, 11, 13, 32, 40},
                         Case{8, 16, 32, 32, 16, 32}})
     for (const bool residual : {false, true}) {
@@ -373,4 +377,120 @@ TEST_CASE("an int8 convolution oneDNN has no int8 kernel for runs its float plan
   CHECK(rt::cpu::onednn_conv_count() == convs + 1);
   CHECK(rt::cpu::onednn_int8_conv_count() == int8);
   CHECK(same_bits(got, want));  // the float plan, with the float bias
+}
+
+namespace {
+
+// One int8 convolution of one image, channels-last in and out, with random weights and scales.
+struct BandCase {
+  int64_t c, m, h, w, k, stride, pad_top, pad_bottom;
+  bool residual;
+};
+
+rt::cpu::DnnlConvShape band_shape(const BandCase& k, const rt::cpu::Int8ConvScales& q) {
+  rt::cpu::DnnlConvShape s;
+  s.n = 1;
+  s.c = k.c;
+  s.m = k.m;
+  s.ih = k.h;
+  s.iw = k.w;
+  s.kh = s.kw = k.k;
+  s.sh = s.sw = k.stride;
+  s.pt = k.pad_top;
+  s.pb = k.pad_bottom;
+  s.pl = s.pr = k.k / 2;
+  s.oh = (k.h + k.pad_top + k.pad_bottom - k.k) / k.stride + 1;
+  s.ow = (k.w + 2 * (k.k / 2) - k.k) / k.stride + 1;
+  s.bias = true;
+  s.residual = k.residual;
+  s.act = rt::cpu::DnnlAct::Relu;
+  s.x_block = s.y_block = rt::cpu::kChannelsLast;
+  if (k.residual) s.z_block = rt::cpu::kChannelsLast;
+  s.int8 = &q;
+  return s;
+}
+
+rt::cpu::Int8ConvScales band_scales(int64_t m) {
+  rt::cpu::Int8ConvScales q;
+  q.x_inv = 50.0f;  // inputs in [-2, 2]: integers within [-100, 100]
+  q.w_inv.assign(static_cast<size_t>(m), 400.0f);
+  q.out.assign(static_cast<size_t>(m), 1.0f / (50.0f * 400.0f));
+  const Tensor b = test::random_tensor({m}, 61, -0.2f, 0.2f);
+  for (int64_t i = 0; i < m; ++i) q.bias.push_back(b.data<float>()[i] / q.out[static_cast<size_t>(i)]);
+  return q;
+}
+
+// The convolution `s` on a pool of `threads`, with a node state (so that it may be split) or
+// without (always whole).
+Tensor conv_of(const rt::cpu::DnnlConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* z,
+               int threads, bool state) {
+  Tensor y(DType::Float32, Shape{s.n, s.oh, s.ow, s.m});  // channels-last
+  rt::ThreadPool pool(threads);
+  rt::cpu::OnednnConvState st;
+  REQUIRE(rt::cpu::onednn_conv_forward(pool, s, x.data<float>(), w.data<float>(), b.data<float>(),
+                                       z ? z->data<float>() : nullptr, y.data<float>(), state ? &st : nullptr));
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("int8 row bands of one image give the whole convolution's bits", "[int8_conv][split]") {
+  if (!int8_here()) return;
+  rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);  // every convolution on both threads
+  // Two bands per image (two threads): uneven ones of an odd output height, stride 1 and 2, 3x3 and
+  // 1x1, with and without a residual; and a window wholly in padding for a whole band (padding
+  // taller than the window), which no primitive takes: that convolution runs whole. (An odd height
+  // under 8 rows is not split, as row_parts splits a batch.)
+  for (const BandCase& k : {BandCase{16, 32, 17, 13, 3, 2, 1, 1, false},  // 9 output rows: 5 and 4
+                            BandCase{24, 16, 17, 9, 3, 2, 1, 1, true},
+                            BandCase{16, 24, 13, 11, 3, 1, 1, 1, false},  // 13 rows: 7 and 6
+                            BandCase{32, 16, 13, 11, 3, 1, 1, 1, true},
+                            BandCase{32, 48, 11, 7, 1, 1, 0, 0, false},  // 1x1: 11 rows
+                            BandCase{16, 32, 17, 9, 1, 2, 0, 0, true},   // 1x1, stride 2: 9 rows
+                            BandCase{16, 16, 2, 9, 1, 1, 8, 0, false}}) {  // 10 rows, the top 8 padding
+    INFO(k.c << " -> " << k.m << ", " << k.h << " x " << k.w << ", " << k.k << "x" << k.k << " stride " << k.stride
+              << ", pads " << k.pad_top << "/" << k.pad_bottom << (k.residual ? ", residual" : ""));
+    const rt::cpu::Int8ConvScales q = band_scales(k.m);
+    const rt::cpu::DnnlConvShape s = band_shape(k, q);
+    const Tensor x = test::random_tensor({1, k.h, k.w, k.c}, 62, -2.0f, 2.0f);
+    const Tensor w = test::random_tensor({k.m, k.c, k.k, k.k}, 63, -0.3f, 0.3f);
+    const Tensor b = test::random_tensor({k.m}, 64);
+    const Tensor z = test::random_tensor({1, s.oh, s.ow, k.m}, 65, -1.0f, 1.0f);
+    const Tensor* zp = k.residual ? &z : nullptr;
+    const Tensor want = conv_of(s, x, w, b, zp, 1, false);
+    const uint64_t splits = rt::cpu::onednn_batch_split_count(), int8 = rt::cpu::onednn_int8_conv_count();
+    const Tensor got = conv_of(s, x, w, b, zp, 2, true);
+    const bool empty_band = k.pad_top >= k.k + 4;  // the first band (5 rows) reads only padding
+    CHECK(rt::cpu::onednn_batch_split_count() == splits + (empty_band ? 0 : 1));
+    CHECK(rt::cpu::onednn_int8_conv_count() == int8 + (empty_band ? 1 : 2));  // each band in integers
+    CHECK(same_bits(got, want));
+  }
+}
+
+TEST_CASE("an int8 convolution requantizes by division where 1 / scale overflows", "[int8_conv]") {
+  if (!int8_here()) return;
+  // A subnormal output scale: its reciprocal is inf, and a zero sum times inf is NaN, which
+  // oneDNN's clip turns into the lower bound. The division gives the bound for every non-zero value
+  // and 0 for a zero one, as FakeQuant does.
+  const BandCase k{16, 16, 7, 9, 3, 1, 1, 1, false};
+  const rt::cpu::Int8ConvScales q = band_scales(k.m);
+  rt::cpu::DnnlConvShape s = band_shape(k, q);
+  const Tensor x = test::random_tensor({1, k.h, k.w, k.c}, 66, -2.0f, 2.0f);
+  const Tensor w = test::random_tensor({k.m, k.c, k.k, k.k}, 67, -0.3f, 0.3f);
+  const Tensor b = test::random_tensor({k.m}, 68);
+  const Tensor plain = conv_of(s, x, w, b, nullptr, 1, false);  // Relu, no fake quantization
+  s.fake_quant = true;
+  s.fq_scale = 1e-39f;
+  REQUIRE(std::fpclassify(s.fq_scale) == FP_SUBNORMAL);
+  s.fq_lo = -128.0f;
+  s.fq_hi = 127.0f;
+  const Tensor got = conv_of(s, x, w, b, nullptr, 1, false);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < plain.numel(); ++i) {
+    const float v = plain.data<float>()[i];
+    zeros += v == 0.0f;
+    const float want = std::nearbyint(std::clamp(v / s.fq_scale, s.fq_lo, s.fq_hi)) * s.fq_scale;
+    if (got.data<float>()[i] != want) FAIL_CHECK("value " << i << ": " << got.data<float>()[i] << ", want " << want);
+  }
+  CHECK(zeros > 0);  // the Relu's zeros are what the factor would get wrong
 }

@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -182,6 +183,13 @@ struct Plan {
   dnnl::convolution_backward_weights bww;
 };
 
+// Whether an int8 convolution's fused fake quantization multiplies by 1 / fq_scale (see
+// post_ops_of) rather than divides: not where that factor overflows (a subnormal scale), where the
+// product would be inf, or NaN for a zero sum, instead of the quotient's bound or zero.
+bool requantize_by_factor(const DnnlConvShape& s) {
+  return s.int8 != nullptr && std::isfinite(1.0f / s.fq_scale);
+}
+
 dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
   dnnl::post_ops po;
   using A = dnnl::algorithm;
@@ -219,7 +227,8 @@ dnnl::post_ops post_ops_of(const DnnlConvShape& s) {
     // of 9 processes each, batch 1 and 8). The factor is a binary post-op like the divisor: an
     // eltwise_linear in its place gave wrong results in oneDNN 2.6's int8 kernel (int8_conv_test
     // failed, values off by up to 23).
-    po.append_binary(s.int8 ? A::binary_mul : A::binary_div, memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw));
+    po.append_binary(requantize_by_factor(s) ? A::binary_mul : A::binary_div,
+                     memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw));
     po.append_eltwise(1.0f, A::eltwise_clip, s.fq_lo, s.fq_hi);
     po.append_eltwise(1.0f, A::eltwise_round, 0.0f, 0.0f);
     po.append_eltwise(1.0f, A::eltwise_linear, s.fq_scale, 0.0f);
@@ -361,7 +370,7 @@ std::shared_ptr<Plan> make_plan(const DnnlConvShape& s) {
   const dnnl::post_ops po = post_ops_of(s);
   attr.set_post_ops(po);
   if (s.fake_quant) {  // the divisor, or for an int8 convolution the factor 1 / s
-    p->fq_scale = std::make_unique<float>(s.int8 ? 1.0f / s.fq_scale : s.fq_scale);
+    p->fq_scale = std::make_unique<float>(requantize_by_factor(s) ? 1.0f / s.fq_scale : s.fq_scale);
     p->fq_scale_mem = memory(memory::desc({1, 1, 1, 1}, dt::f32, tag::nchw), engine(), p->fq_scale.get());
     p->fq_scale_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len() - 4) | DNNL_ARG_SRC_1;
   }
@@ -894,8 +903,8 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
 // One image of an int8 convolution on channels-last tensors, cut into bands of whole output rows,
 // one per thread; empty where it is not (see split_parts). In NHWC a band of rows is a contiguous
 // stretch of X, Y and Z, so a part is the same convolution on fewer rows: its input rows (with the
-// window's overlap into the neighbouring band) at an offset, the padding only at the image's own
-// edges. Integer sums are exact and the post-ops act per element, so the parts give the whole
+// window's overlap into the neighbouring band) at an offset, padded only by the rows its windows
+// reach beyond the image's top or bottom edge (a band inside the image has none). Integer sums are exact and the post-ops act per element, so the parts give the whole
 // convolution's bits.
 std::vector<Part> row_band_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
@@ -979,9 +988,14 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     std::vector<std::shared_ptr<Plan>> plans;
     for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, Direction::Forward));
     bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
-    // An int8 convolution is split only where every part runs in integers too: a part on the float
-    // plan would round where the whole sums exactly.
-    for (const auto& q : plans) usable = usable && (s.int8 == nullptr || q->int8);
+    // An int8 convolution is split only where the whole one and every part run in integers: a part
+    // on the float plan would round where the whole sums exactly, and parts in integers where the
+    // whole shape has only a float plan would make the result depend on the thread count.
+    if (usable && s.int8) {
+      const std::shared_ptr<Plan> whole = usable_plan(pool.size(), s, Direction::Forward);
+      usable = whole && whole->int8;
+      for (const auto& q : plans) usable = usable && q->int8;
+    }
     // The parts share one reordered copy of the weights where every part's plan takes them in the
     // same layout (parts of equal size share the plan itself).
     bool share = usable && plans[0]->reorder_wei;

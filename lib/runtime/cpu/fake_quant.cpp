@@ -57,9 +57,10 @@ void fake_quantize_loop(const float* __restrict x, int64_t n, float s, float lo,
 }
 
 // The same loop built for AVX-512: 16 values per instruction. Division, comparisons, the
-// magic-number rounding and the product are exact IEEE operations at any vector width, and the file
-// is built with -ffp-contract=off (lib/CMakeLists.txt), so no multiply is fused into an addition:
-// the bits of the SSE2 build. U-Net's standalone FakeQuants (after Resize, MaxPool, ConvTranspose)
+// magic-number rounding and the product are exact IEEE operations at any vector width: the bits of
+// the SSE2 build. The file is built with -ffp-contract=off (lib/CMakeLists.txt) as a guard: no
+// loop here multiplies then adds today, and a fused multiply-add would round once where the SSE2
+// build rounds twice. U-Net's standalone FakeQuants (after Resize, MaxPool, ConvTranspose)
 // took 9-10% of an INT8 run; one of 32 x 64 x 64 values, 49-52 -> 31-34 us (mpq run --profile).
 // Not inlined, so that its 512-bit registers never reach baseline code (GCC ends it with vzeroupper).
 __attribute__((target("avx512f"), noinline)) void fake_quantize_avx512(const float* __restrict x, int64_t n, float s,
