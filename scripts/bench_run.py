@@ -61,20 +61,22 @@ def fixed_batch(sess):
     return d if isinstance(d, int) and d > 0 else None
 
 
-def time_ort(sess, feeds, repeat):
+def time_ort(sess, feeds, repeat, stat="median"):
+    """Latency in ms of `repeat` runs of the session: their median, or with stat "min" the fastest."""
     sess.run(None, feeds)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         sess.run(None, feeds)
         times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
+    return min(times) if stat == "min" else statistics.median(times)
 
 
-def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None):
-    """Median latency in ms of `mpq run --repeat`; appends how mpq's idle threads waited to
-    idle_modes if given: "spin", "sleep" (the machine looked busy when mpq started), "user"
-    (OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the caller) or "unknown" (an older mpq)."""
+def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None, stat="median"):
+    """Median latency in ms of `mpq run --repeat` (with stat "min", its fastest run); appends how
+    mpq's idle threads waited to idle_modes if given: "spin", "sleep" (the machine looked busy when
+    mpq started), "user" (OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the caller) or "unknown" (an
+    older mpq)."""
     with tempfile.TemporaryDirectory() as d:
         feed_dir = os.path.join(d, "feed_0")
         os.makedirs(feed_dir)
@@ -87,7 +89,7 @@ def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None):
         j = json.loads(out.stdout)
         if idle_modes is not None:
             idle_modes.append(j.get("idle_threads", "unknown"))
-        return j["latency_ms"]["median"]
+        return j["latency_ms"]["min" if stat == "min" else "median"]
 
 
 def int8_models(mpq, folder):

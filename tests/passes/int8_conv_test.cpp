@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 #include <vector>
@@ -469,9 +470,9 @@ TEST_CASE("int8 row bands of one image give the whole convolution's bits", "[int
 
 TEST_CASE("an int8 convolution requantizes by division where 1 / scale overflows", "[int8_conv]") {
   if (!int8_here()) return;
-  // A subnormal output scale: its reciprocal is inf, and a zero sum times inf is NaN, which
-  // oneDNN's clip turns into the lower bound. The division gives the bound for every non-zero value
-  // and 0 for a zero one, as FakeQuant does.
+  // A fake-quantization scale below 1 / FLT_MAX (a subnormal): its reciprocal is inf, and a zero
+  // sum times inf is NaN, which oneDNN's clip turns into the lower bound. The division gives the
+  // bound for every non-zero value and 0 for a zero one, as FakeQuant does.
   const BandCase k{16, 16, 7, 9, 3, 1, 1, 1, false};
   const rt::cpu::Int8ConvScales q = band_scales(k.m);
   rt::cpu::DnnlConvShape s = band_shape(k, q);
@@ -484,7 +485,10 @@ TEST_CASE("an int8 convolution requantizes by division where 1 / scale overflows
   REQUIRE(std::fpclassify(s.fq_scale) == FP_SUBNORMAL);
   s.fq_lo = -128.0f;
   s.fq_hi = 127.0f;
+  REQUIRE(1.0f / s.fq_scale == std::numeric_limits<float>::infinity());
+  const uint64_t int8 = rt::cpu::onednn_int8_conv_count();
   const Tensor got = conv_of(s, x, w, b, nullptr, 1, false);
+  CHECK(rt::cpu::onednn_int8_conv_count() == int8 + 1);  // in integers, not the float plan (which divides)
   int64_t zeros = 0;
   for (int64_t i = 0; i < plain.numel(); ++i) {
     const float v = plain.data<float>()[i];

@@ -76,9 +76,9 @@ TEST_CASE("FakeQuant forward equals QuantizeLinear -> DequantizeLinear bit for b
                                         c.qmax, want.data());
       CHECK(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)) == 0);
     }
-    // Every rounding tie of an int8 range at an odd scale, (k + 0.5) * scale, with its two float
-    // neighbours on each side, where x / scale lands on either side of the tie (280 ties, 1,680 values,
-    // padded with zeros to 4,099 for a vector tail).
+    // Every rounding tie of an int8 range at an odd scale, (k + 0.5) * scale, with the two floats
+    // below it and the three above, where x / scale lands on either side of the tie (280 ties, 1,680
+    // values, padded with zeros to 4,099 for a vector tail).
     {
       const float scale = 0.0371f;
       std::vector<float> values;

@@ -184,8 +184,9 @@ struct Plan {
 };
 
 // Whether an int8 convolution's fused fake quantization multiplies by 1 / fq_scale (see
-// post_ops_of) rather than divides: not where that factor overflows (a subnormal scale), where the
-// product would be inf, or NaN for a zero sum, instead of the quotient's bound or zero.
+// post_ops_of) rather than divides: not where that factor overflows (a scale below 1 / FLT_MAX,
+// about 2.9e-39, a subnormal), where the product would be inf, or NaN for a zero sum, instead of
+// the quotient's bound or zero.
 bool requantize_by_factor(const DnnlConvShape& s) {
   return s.int8 != nullptr && std::isfinite(1.0f / s.fq_scale);
 }
@@ -904,8 +905,8 @@ bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const fl
 // one per thread; empty where it is not (see split_parts). In NHWC a band of rows is a contiguous
 // stretch of X, Y and Z, so a part is the same convolution on fewer rows: its input rows (with the
 // window's overlap into the neighbouring band) at an offset, padded only by the rows its windows
-// reach beyond the image's top or bottom edge (a band inside the image has none). Integer sums are exact and the post-ops act per element, so the parts give the whole
-// convolution's bits.
+// reach beyond the image's top or bottom edge (a band inside the image has none). Integer sums are
+// exact and the post-ops act per element, so the parts give the whole convolution's bits.
 std::vector<Part> row_band_parts(const DnnlConvShape& s, int threads) {
   std::vector<Part> parts;
   if (s.n != 1 || s.int8 == nullptr || s.x_block != kChannelsLast || s.y_block != kChannelsLast ||
@@ -990,7 +991,9 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
     // An int8 convolution is split only where the whole one and every part run in integers: a part
     // on the float plan would round where the whole sums exactly, and parts in integers where the
-    // whole shape has only a float plan would make the result depend on the thread count.
+    // whole shape's plan on these threads is float would give other bits than the unsplit run.
+    // (No test reaches the latter: oneDNN 2.6 has had an int8 kernel for every band of a shape it
+    // runs whole in int8; the check keeps it so if that changes.)
     if (usable && s.int8) {
       const std::shared_ptr<Plan> whole = usable_plan(pool.size(), s, Direction::Forward);
       usable = whole && whole->int8;
