@@ -14,7 +14,8 @@ the share of rounds in which mpq's gain is at least ORT's, and whether the goal 
 medians (mpq's gain >= ORT's and > 1). Each measurement is the median of its `--repeat` runs, or
 with `--stat min` the fastest of them, for both engines alike: the goal is stated for a quiet
 machine, and on a shared VM whose runs stray 10-60% above the fastest one within a process the
-fastest run is the closer estimate of that (the medians are reported too, in a separate run). Models and --int8 as in bench_run.py. A row also says in how
+fastest run estimates that better (a second run without it gives the medians). Models and --int8
+as in bench_run.py. A row also says in how
 many of its mpq runs the idle threads slept because the machine looked busy when mpq started
 (`idle_threads` in `mpq run --json`): those runs measured a disturbed machine, not mpq.
 """
@@ -43,7 +44,7 @@ def main():
     ap.add_argument("--mpq", default=os.path.join(br.ROOT, "build/apps/mpq/mpq"))
     ap.add_argument("--threads", type=int, default=2, help="the thread count compared with one")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--repeat", type=int, default=300, help="timed runs per measurement (median kept)")
+    ap.add_argument("--repeat", type=int, default=300, help="timed runs per measurement (the median kept, or the fastest with --stat min)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="per measurement: the median of the timed runs, or the fastest (both engines alike)")

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -154,9 +153,6 @@ Model in_float(const Model& m) {
   return f;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
 
 }  // namespace
 
@@ -281,7 +277,7 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
       const int64_t splits = rt::row_split_count();
       const uint64_t conv_splits_before = rt::cpu::onednn_batch_split_count();
       const uint64_t int8_before_two = rt::cpu::onednn_int8_conv_count();
-      for (int repeat = 0; repeat < 4; ++repeat) CHECK(same_bits(one, run(m, feeds, 2)));
+      for (int repeat = 0; repeat < 4; ++repeat) CHECK(test::same_bits(one, run(m, feeds, 2)));
       if (o.n > 1) CHECK(rt::row_split_count() > splits);  // the batch really ran as two parts
       // One image: conv2, channels-last on both sides, ran as two bands of output rows (the same
       // bits above), each in integers, quantizing its own rows of X (conv1 reads the plain graph
@@ -295,7 +291,7 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
         // The same batch kept whole by the executor: each convolution splits it over the threads
         // itself, the parts sharing one int8 copy of the weights.
         const uint64_t conv_splits = rt::cpu::onednn_batch_split_count(), int8_runs = rt::cpu::onednn_int8_conv_count();
-        CHECK(same_bits(one, run(m, feeds, 2, /*split_rows=*/false)));
+        CHECK(test::same_bits(one, run(m, feeds, 2, /*split_rows=*/false)));
         CHECK(rt::cpu::onednn_batch_split_count() > conv_splits);
         CHECK(rt::cpu::onednn_int8_conv_count() > int8_runs);
       }
@@ -377,7 +373,7 @@ TEST_CASE("an int8 convolution oneDNN has no int8 kernel for runs its float plan
                                        got.data<float>()));
   CHECK(rt::cpu::onednn_conv_count() == convs + 1);
   CHECK(rt::cpu::onednn_int8_conv_count() == int8);
-  CHECK(same_bits(got, want));  // the float plan, with the float bias
+  CHECK(test::same_bits(got, want));  // the float plan, with the float bias
 }
 
 namespace {
@@ -464,7 +460,7 @@ TEST_CASE("int8 row bands of one image give the whole convolution's bits", "[int
     const bool empty_band = k.pad_top >= k.k + 4;  // the first band (5 rows) reads only padding
     CHECK(rt::cpu::onednn_batch_split_count() == splits + (empty_band ? 0 : 1));
     CHECK(rt::cpu::onednn_int8_conv_count() == int8 + (empty_band ? 1 : 2));  // each band in integers
-    CHECK(same_bits(got, want));
+    CHECK(test::same_bits(got, want));
   }
 }
 
