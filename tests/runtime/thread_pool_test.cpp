@@ -2,7 +2,8 @@
 // once at 1-4 threads, chunks respect the grain, a nested loop runs inline on the calling thread,
 // the first exception of a chunk reaches the caller and the pool stays usable; blas_gemm_split and
 // blas_gemm_rows against a naive float64 product for odd shapes, both transposes, splits along M
-// and along N, at 1-3 threads, and the same bits as one unsplit GEMM on each piece. OpenBLAS's
+// and along N, at 1-3 threads, and the same bits as one unsplit GEMM on each piece;
+// blas_gemm_split_bias against setting C to the bias first. OpenBLAS's
 // kernel set after a pool exists: never its SSE3 fall-back on a CPU with AVX, and its GEMMs still
 // right after the switch.
 #include <catch2/catch.hpp>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -186,6 +188,67 @@ TEST_CASE("GEMMs split over the pool match a float64 product at any thread count
               // Padding columns past N are never written.
               if (j >= cs.n) REQUIRE(c[at] == c0[at]);
               else worst = std::max(worst, std::abs(c[at] - want[at]));
+            }
+          REQUIRE(worst < 1e-4 * static_cast<double>(cs.k));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a split GEMM that sets C to a bias per row gives the bits of setting C first", "[thread_pool][gemm]") {
+  // blas_gemm_split_bias sets each piece's part of C to the bias on the thread that then sums into
+  // it; the result must be what setting all of C and one blas_gemm_split with beta 1 give (the same
+  // pieces), and, without a bias, what beta 0 gives. Columns past N are never written.
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  struct Case {
+    int64_t m, n, k;
+  };
+  // Split by rows, by columns (U-Net's 1x1 convolution after its Resize: 16 x 1024 x 32), ragged
+  // pieces, and below the split threshold.
+  const Case cases[] = {{301, 37, 41}, {16, 1024, 32}, {97, 101, 103}, {13, 11, 7}};
+  for (const Case& cs : cases) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool ta = (variant & 1) != 0, tb = (variant & 2) != 0;
+      const int64_t lda = (ta ? cs.m : cs.k) + 1, ldb = (tb ? cs.k : cs.n) + 3, ldc = cs.n + 2;
+      std::vector<float> a(static_cast<size_t>((ta ? cs.k : cs.m) * lda)), b(static_cast<size_t>((tb ? cs.n : cs.k) * ldb)),
+          bias(static_cast<size_t>(cs.m)), c0(static_cast<size_t>(cs.m * ldc));
+      for (float& v : a) v = u(rng);
+      for (float& v : b) v = u(rng);
+      for (float& v : bias) v = u(rng);
+      for (float& v : c0) v = u(rng);  // stale values: must not leak into the result
+      const std::vector<float> zeros(c0.size(), 0.f);
+      const std::vector<double> want = naive_gemm(ta, tb, cs.m, cs.n, cs.k, 1.f, a, lda, b, ldb, 0.f, zeros, ldc);
+      for (int threads : {1, 2, 3}) {
+        rt::ThreadPool pool(threads);
+        for (int deterministic = 0; deterministic < 2; ++deterministic) {
+          INFO("m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " ta=" << ta << " tb=" << tb << " threads=" << threads
+                    << " deterministic=" << deterministic);
+          std::unique_ptr<rt::cpu::DeterministicBlas> scope;
+          if (deterministic) scope = std::make_unique<rt::cpu::DeterministicBlas>();
+          std::vector<float> filled = c0, fused = c0, plain = c0, unbiased = c0;
+          for (int64_t i = 0; i < cs.m; ++i)
+            std::fill(filled.begin() + i * ldc, filled.begin() + i * ldc + cs.n, bias[static_cast<size_t>(i)]);
+          rt::cpu::blas_gemm_split(pool, ta, tb, cs.m, cs.n, cs.k, 1.f, a.data(), lda, b.data(), ldb, 1.f, filled.data(),
+                                   ldc);
+          rt::cpu::blas_gemm_split_bias(pool, ta, tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, bias.data(),
+                                        fused.data(), ldc);
+          REQUIRE(fused == filled);
+          rt::cpu::blas_gemm_split(pool, ta, tb, cs.m, cs.n, cs.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, plain.data(),
+                                   ldc);
+          rt::cpu::blas_gemm_split_bias(pool, ta, tb, cs.m, cs.n, cs.k, a.data(), lda, b.data(), ldb, nullptr,
+                                        unbiased.data(), ldc);
+          REQUIRE(unbiased == plain);
+          double worst = 0;
+          for (int64_t i = 0; i < cs.m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(i * ldc + j);
+              if (j >= cs.n) {
+                REQUIRE(fused[at] == c0[at]);
+              } else {
+                worst = std::max(worst, std::abs(fused[at] - (want[at] + bias[static_cast<size_t>(i)])));
+              }
             }
           REQUIRE(worst < 1e-4 * static_cast<double>(cs.k));
         }

@@ -488,18 +488,20 @@ bool conv_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tens
     return true;
   }
 
-  prefill_bias(pool, yp, N * M, S, M, bp);
-  if (CgK == 0) return false;  // no input channels: the bias alone
-  const T beta = bp ? T(1) : T(0);
-
-  if (pointwise) {
+  if (pointwise && CgK > 0) {
+    // Each GEMM (or each piece of a split one) sets its part of Y to the bias itself (see
+    // blas_gemm_split_bias).
     run_tasks(pool, tasks, spread, [&](int64_t t) {
       const int64_t n = t / G, gi = t % G;
-      blas_gemm_split(pool, false, false, Mg, S, Cg, T(1), wp + gi * Mg * Cg, Cg, xp + (n * C + gi * Cg) * Sin, Sin,
-                      beta, yp + (n * M + gi * Mg) * S, S);
+      blas_gemm_split_bias(pool, false, false, Mg, S, Cg, wp + gi * Mg * Cg, Cg, xp + (n * C + gi * Cg) * Sin, Sin,
+                           bp ? bp + gi * Mg : nullptr, yp + (n * M + gi * Mg) * S, S);
     });
     return false;
   }
+
+  prefill_bias(pool, yp, N * M, S, M, bp);
+  if (CgK == 0) return false;  // no input channels: the bias alone
+  const T beta = bp ? T(1) : T(0);
 
   // im2col + GEMM, tiled over output rows (od, oh).
   const int64_t rows = g.out[0] * g.out[1];

@@ -18,16 +18,28 @@ constexpr int64_t kDeterministicRows = 64;
 // blocks of 8 or 16), so that no piece ends in a ragged tail of a few.
 constexpr int64_t kSplitAlign = 16;
 
+// C[r, 0:cols] = row_bias[r] for r in [0, rows): the bias a GEMM with beta 1 then adds to.
+template <typename T>
+void fill_rows(T* c, int64_t ldc, int64_t rows, int64_t cols, const T* row_bias) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + cols, row_bias[r]);
+}
+
 // OpenBLAS runs on one thread (see ThreadPool): a large GEMM is cut into one piece per pool thread
-// along the longer of M and N, each piece a one-thread GEMM over all of K.
+// along the longer of M and N, each piece a one-thread GEMM over all of K. With row_bias, C's rows
+// are first set to it (and beta is 1): each piece sets its own part, on the thread that then
+// accumulates into it, since a part of C set by one core and summed into by the other moves
+// between their caches (U-Net's 1x1 convolution after its Resize, 16 x 1024 x 32: 12.6 us on one
+// thread, 18.5 on two with the bias set beforehand by one thread).
 template <typename T>
 void split_gemm(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* row_bias = nullptr) {
   const int threads = pool.size();
   const bool split = threads > 1 && !ThreadPool::inside_parallel_loop() &&
                      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > kBlasSingleThreadMNK &&
                      std::max(m, n) >= 2 * kSplitAlign;
+  if (row_bias) beta = T(1);
   if (!split) {
+    if (row_bias) fill_rows(c, ldc, m, n, row_bias);
     blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -40,9 +52,11 @@ void split_gemm(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_
       const int64_t e0 = p * piece, len = std::min(piece, extent - e0);
       if (by_rows) {
         const T* ap = ta ? a + e0 : a + e0 * lda;
+        if (row_bias) fill_rows(c + e0 * ldc, ldc, len, n, row_bias + e0);
         blas_gemm(ta, tb, len, n, k, alpha, ap, lda, b, ldb, beta, c + e0 * ldc, ldc);
       } else {
         const T* bp = tb ? b + e0 * ldb : b + e0;
+        if (row_bias) fill_rows(c + e0, ldc, m, len, row_bias);
         blas_gemm(ta, tb, m, len, k, alpha, a, lda, bp, ldb, beta, c + e0, ldc);
       }
     }
@@ -105,6 +119,30 @@ void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, i
                      const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   if (t_deterministic) blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else split_gemm(pool, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+namespace {
+template <typename T>
+void gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                     const T* b, int64_t ldb, const T* row_bias, T* c, int64_t ldc) {
+  if (row_bias == nullptr) {
+    blas_gemm_split(pool, ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc);
+  } else if (t_deterministic) {
+    fill_rows(c, ldc, m, n, row_bias);
+    blas_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc);
+  } else {
+    split_gemm(pool, ta, tb, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc, row_bias);
+  }
+}
+}  // namespace
+
+void blas_gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
+                          int64_t lda, const float* b, int64_t ldb, const float* row_bias, float* c, int64_t ldc) {
+  gemm_split_bias(pool, ta, tb, m, n, k, a, lda, b, ldb, row_bias, c, ldc);
+}
+void blas_gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a,
+                          int64_t lda, const double* b, int64_t ldb, const double* row_bias, double* c, int64_t ldc) {
+  gemm_split_bias(pool, ta, tb, m, n, k, a, lda, b, ldb, row_bias, c, ldc);
 }
 
 AutoPad read_auto_pad(const KernelContext& ctx) {
