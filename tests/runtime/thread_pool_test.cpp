@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -205,9 +206,10 @@ TEST_CASE("a split GEMM that sets C to a bias per row gives the bits of setting 
   struct Case {
     int64_t m, n, k;
   };
-  // Split by rows, by columns (U-Net's 1x1 convolution after its Resize: 16 x 1024 x 32), ragged
-  // pieces, and below the split threshold.
-  const Case cases[] = {{301, 37, 41}, {16, 1024, 32}, {97, 101, 103}, {13, 11, 7}};
+  // Split by rows, by columns (U-Net's 1x1 convolution after its Resize: 16 x 1024 x 32; and one
+  // 6x larger, still split should the threshold of 262,144 multiply-adds grow), ragged pieces, and
+  // below the split threshold.
+  const Case cases[] = {{601, 37, 61}, {16, 1024, 32}, {16, 4096, 48}, {97, 101, 103}, {13, 11, 7}};
   for (const Case& cs : cases) {
     for (int variant = 0; variant < 4; ++variant) {
       const bool ta = (variant & 1) != 0, tb = (variant & 2) != 0;
@@ -246,6 +248,7 @@ TEST_CASE("a split GEMM that sets C to a bias per row gives the bits of setting 
               const size_t at = static_cast<size_t>(i * ldc + j);
               if (j >= cs.n) {
                 REQUIRE(fused[at] == c0[at]);
+                REQUIRE(unbiased[at] == c0[at]);
               } else {
                 worst = std::max(worst, std::abs(fused[at] - (want[at] + bias[static_cast<size_t>(i)])));
               }
@@ -254,6 +257,30 @@ TEST_CASE("a split GEMM that sets C to a bias per row gives the bits of setting 
         }
       }
     }
+  }
+}
+
+TEST_CASE("the float64 split GEMM with a bias per row gives the bits of setting C first", "[thread_pool][gemm]") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  // By rows and by columns, on two threads.
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{301, 37, 41}, std::array<int64_t, 3>{16, 1024, 32}}) {
+    const int64_t ldc = n + 1;
+    std::vector<double> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), bias(static_cast<size_t>(m)),
+        c0(static_cast<size_t>(m * ldc));
+    for (double& v : a) v = u(rng);
+    for (double& v : b) v = u(rng);
+    for (double& v : bias) v = u(rng);
+    for (double& v : c0) v = u(rng);
+    rt::ThreadPool pool(2);
+    std::vector<double> filled = c0, fused = c0;
+    for (int64_t i = 0; i < m; ++i)
+      std::fill(filled.begin() + i * ldc, filled.begin() + i * ldc + n, bias[static_cast<size_t>(i)]);
+    rt::cpu::blas_gemm_split(pool, false, false, m, n, k, 1.0, a.data(), k, b.data(), n, 1.0, filled.data(), ldc);
+    rt::cpu::blas_gemm_split_bias(pool, false, false, m, n, k, a.data(), k, b.data(), n, bias.data(), fused.data(), ldc);
+    INFO("m=" << m << " n=" << n << " k=" << k);
+    REQUIRE(fused == filled);
+    REQUIRE(fused != c0);
   }
 }
 

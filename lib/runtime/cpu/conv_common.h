@@ -89,7 +89,8 @@ void blas_gemm_split(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, i
                      int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 // C = row_bias * 1^T + op(A) * op(B) (row_bias of M entries; null: C = op(A) * op(B)), split as
 // blas_gemm_split, each piece setting its own part of C to the bias first: the same bits as setting
-// all of C and then calling blas_gemm_split with beta 1, without C's lines moving between cores.
+// all of C and then calling blas_gemm_split with beta 1, without most of C's lines moving between
+// cores (a piece's edge may still fall inside a cache line).
 void blas_gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
                           int64_t lda, const float* b, int64_t ldb, const float* row_bias, float* c, int64_t ldc);
 void blas_gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a,
