@@ -57,6 +57,12 @@ int calibrate_command(const CalibrateOpts& o) {
   co.method = calib::parse_range_method(o.method);
   co.range.percentile = o.percentile;
   if (!(o.percentile > 0.0 && o.percentile <= 100.0)) fail_input("--percentile must be in (0, 100], got {}", o.percentile);
+  // Even: widening merges pairs of bins. At most 2^20: each tensor holds 48 bytes of counters per
+  // bin (already 48 MiB there), the entropy search grows with the square, and AVX-512's binning is
+  // exact only below 2^24 bins.
+  constexpr int kMaxBins = 1 << 20;
+  if (o.bins < 2 || o.bins > kMaxBins || o.bins % 2 != 0)
+    fail_input("--bins must be an even number from 2 to {}, got {}", kMaxBins, o.bins);
   co.max_samples = o.max_samples;
   co.batch_size = o.batch_size;
   co.bins = o.bins;
@@ -126,7 +132,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
   sub.add_option("--percentile", o->percentile, "percentile for --method percentile (default 99.999)");
   sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
   sub.add_option("--batch-size", o->batch_size, "feeds per run (models with a dynamic batch dimension)");
-  sub.add_option("--bins", o->bins, "histogram bins over |x| (default 2048, TensorRT's)");
+  sub.add_option("--bins", o->bins, "histogram bins over |x|: even, 2 to 1048576 (default 2048, TensorRT's)");
   sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, default) or uint8 (asymmetric)")
       ->check(CLI::IsMember({"int8", "uint8"}));
   sub.add_flag("--reduce-range", o->reduce_range, "7-bit activations (PyTorch fbgemm's reduce_range)");

@@ -576,8 +576,9 @@ void TensorStats::add_with_nonfinite(const float* data, int64_t n) {
     }
   }
   if (clean.empty()) return;
-  min = std::min(min, static_cast<double>(lo));
-  max = std::max(max, static_cast<double>(hi));
+  // +0 for a zero minimum or maximum, as record() keeps: which zero comes first must not matter.
+  min = std::min(min, static_cast<double>(lo == 0.0f ? 0.0f : lo));
+  max = std::max(max, static_cast<double>(hi == 0.0f ? 0.0f : hi));
   count += clean.size();
   if (has_histogram) histogram.add(clean.data(), static_cast<int64_t>(clean.size()), std::max(std::fabs(lo), std::fabs(hi)));
 }
@@ -595,8 +596,9 @@ void TensorStats::add_ref(const float* data, int64_t n) {
   }
   if (clean.empty()) return;
   for (float v : clean) {
-    min = std::min(min, static_cast<double>(v));
-    max = std::max(max, static_cast<double>(v));
+    const double x = v == 0.0f ? 0.0 : static_cast<double>(v);  // +0 for -0, as the fast paths record
+    min = std::min(min, x);
+    max = std::max(max, x);
   }
   count += clean.size();
   if (has_histogram) histogram.add_ref(clean.data(), static_cast<int64_t>(clean.size()));

@@ -380,6 +380,27 @@ TEST_CASE("NaN and inf are counted, not folded into the range", "[calib][edge]")
   CHECK(std::isfinite(c.q.scale));
 }
 
+TEST_CASE("a zero minimum or maximum is +0 whichever zero comes first, NaN or not", "[calib][edge]") {
+  // All non-positive (max 0) or all non-negative (min 0) data whose first zero is -0, with and
+  // without a NaN (which takes the counting path) and through the reference.
+  for (bool with_nan : {false, true}) {
+    for (bool negative : {false, true}) {
+      std::vector<float> v = {-0.0f, 0.0f, negative ? -1.5f : 1.5f, -0.0f};
+      if (with_nan) v.insert(v.begin() + 1, NAN);
+      for (int path = 0; path < 2; ++path) {
+        TensorStats s(true);
+        if (path == 0) s.add(v.data(), static_cast<int64_t>(v.size()));
+        else s.add_ref(v.data(), static_cast<int64_t>(v.size()));
+        INFO("nan " << with_nan << " negative " << negative << " reference " << path);
+        const double zero_end = negative ? s.max : s.min;
+        CHECK(zero_end == 0.0);
+        CHECK_FALSE(std::signbit(zero_end));
+        CHECK(s.nan_count == (with_nan ? 1u : 0u));
+      }
+    }
+  }
+}
+
 TEST_CASE("per-channel weight ranges", "[calib][weights]") {
   // [2 out channels, 3 values]: channel 0 in [-4, 1], channel 1 in [0.5, 2].
   std::vector<float> w = {-4, 1, 0, 0.5f, 2, 1};
@@ -468,6 +489,15 @@ TEST_CASE("mpq calibrate end to end, deterministic, with clear errors", "[calib]
   // Refuses to overwrite the model.
   auto self = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "-o", model.string()});
   CHECK(self.exit_code == 2);
+  // A bin count the histogram cannot take: exit 2 naming the option, before any work, nothing written.
+  for (const char* bins : {"3", "0", "-2", "2097152"}) {
+    auto r = test::run_mpq({"calibrate", model.string(), "--data", data.string(), "--bins", bins, "-o",
+                            (tmp / "bins.json").string()});
+    INFO("--bins " << bins << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--bins must be an even number from 2 to 1048576"));
+    CHECK_FALSE(fs::exists(tmp / "bins.json"));
+  }
 }
 
 TEST_CASE("mpq calibrate --tensors quantized: fewer tensors, the ones quantize reads, the same export", "[calib][cli]") {
