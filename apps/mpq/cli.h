@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,28 @@ inline constexpr const char* kDeviceHelp =
 inline constexpr const char* kTf32Help =
     "CUDA path: FP32 matrix products and convolutions may use TF32 tensor-core math (10 mantissa bits in the "
     "products, as PyTorch's allow_tf32; off by default)";
+
+// Whole-number options checked at parsing, with a message naming the bound (CLI11's own range
+// validators print theirs up to DBL_MAX, 300 digits). Inside mpq a negative value is often the
+// "not given" default (all feeds, automatic warm-up); typed by a user it is a mistake.
+inline CLI::Validator whole_number_at_least(long long least) {
+  return CLI::Validator(
+      [least](std::string& value) -> std::string {
+        std::size_t used = 0;
+        long long n = least - 1;
+        try {
+          n = std::stoll(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != value.size() || n < least)
+          return "must be a whole number, " + std::to_string(least) + " or more, got " + value;
+        return "";
+      },
+      least == 0 ? "COUNT" : "COUNT>=" + std::to_string(least));
+}
+// --max-samples, --threads (0: one per CPU), --repeat and the like.
+inline const CLI::Validator kCount = whole_number_at_least(0);
 
 // Returns the process exit code.
 using Action = std::function<int()>;

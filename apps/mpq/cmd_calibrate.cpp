@@ -130,7 +130,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
   sub.add_option("-o,--output", o->output, "calibration table to write (JSON; the .pb beside it holds the same)")->required();
   sub.add_option("--method", o->method, "range method (default entropy):" + methods)->check(CLI::IsMember(names));
   sub.add_option("--percentile", o->percentile, "percentile for --method percentile (default 99.999)");
-  sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds")->check(kCount);
   sub.add_option("--batch-size", o->batch_size, "feeds per run (models with a dynamic batch dimension)");
   sub.add_option("--bins", o->bins, "histogram bins over |x|: even, 2 to 1048576 (default 2048, TensorRT's)");
   sub.add_option("--activation-type", o->activation_type, "int8 (symmetric, default) or uint8 (asymmetric)")
@@ -142,7 +142,7 @@ void setup_calibrate(CLI::App& sub, Action& action) {
                  "--format qoperator); quantized: the graph fused as `mpq run` runs it, keeping every tensor QDQ "
                  "export and qat-finetune read (faster; not with --trt-cache, not for --format qoperator)")
       ->check(CLI::IsMember({"all", "quantized"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--json", o->json, "print the table and timing as JSON to stdout");
   sub.footer("Example: mpq calibrate model.onnx --data calib_data/calib --method entropy -o model.calib.json");

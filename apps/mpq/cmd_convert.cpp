@@ -290,14 +290,14 @@ void setup_convert(CLI::App& sub, Action& action) {
                  "reductions, FP16 accumulation inside a kernel), before it overflows; the square of a value at the "
                  "threshold overflows, but products that do are caught on the data as outputs above 65504. "
                  "BF16 default: off (BF16 has FP32's range; only values beyond it count)");
-  sub.add_option("--max-samples", o->max_samples, "use at most N feeds of --data");
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds of --data")->check(kCount);
   sub.add_flag("--validate", o->validate,
                "with --data: run the FP32 and the converted model (mpq's FP16/BF16 execution) and print per-output "
                "cosine, relative L2, max abs error and top-1 agreement");
   sub.add_option("--min-cosine", o->min_cosine, "with --validate: exit 1 when an output's cosine is below this");
   sub.add_flag("--list-policy", o->list_policy, "print the op policy table and exit");
   sub.add_option("--device", o->device, std::string("device for --data runs: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads for --data runs (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads for --data runs (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.footer("Examples:\n"
              "  mpq convert --fp16 model.onnx -o model.fp16.onnx\n"

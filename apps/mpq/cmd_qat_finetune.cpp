@@ -221,19 +221,19 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
   sub.add_option("--calib", o->calib, "initial ranges from `mpq calibrate` (default: calibrate on --data)");
   sub.add_option("--method", o->method, "range method when calibrating: minmax, percentile, entropy (default), mse")
       ->check(CLI::IsMember(methods));
-  sub.add_option("--calib-samples", o->calib_samples, "rows of --data to calibrate on (default 512)");
+  sub.add_option("--calib-samples", o->calib_samples, "rows of --data to calibrate on (default 512)")->check(kCount);
   sub.add_option("--loss", o->loss,
                  "distill (default: no labels; KL to the FP32 model's softmax for classifiers, MSE otherwise), ce "
                  "(labels), distill+ce")
       ->check(CLI::IsMember({"distill", "ce", "distill+ce"}));
   sub.add_option("--temperature", o->temperature, "distillation temperature (default 1)");
   sub.add_option("--epochs", o->epochs, "passes over --data (default 1)");
-  sub.add_option("--steps", o->steps, "optimizer steps (overrides --epochs)");
+  sub.add_option("--steps", o->steps, "optimizer steps (overrides --epochs)")->check(whole_number_at_least(1));
   sub.add_option("--batch-size", o->batch_size, "rows per step (default 64)");
   sub.add_option("--lr", o->lr, "peak learning rate (default 1e-4); cosine decay after the warm-up");
   sub.add_option("--optimizer", o->optimizer, "adamw (default) or sgd (momentum 0.9)")->check(CLI::IsMember({"adamw", "sgd"}));
   sub.add_option("--weight-decay", o->weight_decay, "weight decay of the weights (default 0; never on biases or step sizes)");
-  sub.add_option("--warmup", o->warmup, "linear warm-up steps (default: 5% of the steps, at most 100)");
+  sub.add_option("--warmup", o->warmup, "linear warm-up steps (default: 5% of the steps, at most 100)")->check(kCount);
   sub.add_option("--clip-grad-norm", o->max_grad_norm, "clip gradients to this global L2 norm (default: off)");
   sub.add_option("--weight-bits", o->weight_bits, "8 (default, [-127, 127]) or 4 ([-7, 7], stored as int8)")->check(CLI::IsMember({4, 8}));
   sub.add_flag("--per-channel", o->per_channel, "weights per output channel (default)");
@@ -242,19 +242,19 @@ void setup_qat_finetune(CLI::App& sub, Action& action) {
       ->check(CLI::IsMember({"int8", "uint8"}));
   sub.add_flag("--learn-scales", o->learn_scales, "train the step sizes with LSQ (default)");
   sub.add_flag("--fixed-scales", o->fixed_scales, "keep the calibrated scales; train weights and biases only");
-  sub.add_option("--freeze-ranges-after", o->freeze_ranges_after, "stop training the step sizes after this many steps");
+  sub.add_option("--freeze-ranges-after", o->freeze_ranges_after, "stop training the step sizes after this many steps")->check(kCount);
   sub.add_option("--amp", o->amp, "mixed precision: off (default), fp16 (with dynamic loss scaling) or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   sub.add_option("--device", o->device,
                  "cpu (default), auto (cuda when a GPU is usable, else cpu) or cuda (the student's forward and backward and the teacher on the GPU, "
                  "with the optimizer update; FP32 models, --amp as on the CPU; docs/gpu.md)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_option("--seed", o->seed, "shuffling seed (default 0); same seed, data and flags give identical output");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "node names to keep in float (comma separated)");
   sub.add_option("--exclude-ops", o->exclude_ops, "op types to keep in float (comma separated)");
   sub.add_option("--eval-data", o->eval_data, "report accuracy (labels) and agreement with FP32 before and after");
   sub.add_option("--checkpoint", o->checkpoint, "folder for checkpoints (written atomically at the end, on Ctrl-C, and with --every)");
-  sub.add_option("--every", o->every, "also checkpoint every N steps");
+  sub.add_option("--every", o->every, "also checkpoint every N steps")->check(kCount);
   sub.add_flag("--resume", o->resume, "continue from the checkpoint in --checkpoint (bit-identical to an uninterrupted run)");
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.footer(

@@ -420,7 +420,7 @@ void setup_quantize(CLI::App& sub, Action& action) {
   sub.add_option("--method", o->method, "range method with --data: minmax, percentile, entropy (default), mse")
       ->check(CLI::IsMember(names));
   sub.add_option("--percentile", o->percentile, "percentile for --method percentile");
-  sub.add_option("--max-samples", o->max_samples, "use at most N feeds for calibration");
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds for calibration")->check(kCount);
   sub.add_option("--batch-size", o->batch_size, "feeds per calibration run");
   sub.add_flag("--per-channel", o->per_channel, "per-channel int8 weights (default)");
   sub.add_flag("--per-tensor", o->per_tensor, "one scale per weight tensor");
@@ -466,7 +466,7 @@ void setup_quantize(CLI::App& sub, Action& action) {
                  "not in other runtimes)")
       ->check(CLI::IsMember({"qdq", "qoperator", "fakequant"}));
   sub.add_option("--device", o->device, std::string("calibration device: ") + kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_flag("--json", o->json, "print the summary as JSON to stdout");
   sub.add_option("--max-top1-drop", o->max_top1_drop,
                  "accuracy budget (fraction, 0.01 = 1 point): keep the fewest compute nodes in FP32 that meet it on --eval-data "

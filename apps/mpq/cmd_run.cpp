@@ -201,9 +201,9 @@ void setup_run(CLI::App& sub, Action& action) {
   sub.add_option("MODEL", o->model, "ONNX model file")->required();
   sub.add_option("--data", o->data, "data folder (feed subfolders, flat .npy/.pb files, or images)")->required();
   sub.add_option("--outputs", o->outputs, "write OUT/<feed id>/<output name>.npy for every feed");
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
-  sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load");
-  sub.add_option("--max-samples", o->max_samples, "use at most N feeds");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
+  sub.add_option("--repeat", o->repeat, "time R runs of each feed after one warm-up, excluding load")->check(kCount);
+  sub.add_option("--max-samples", o->max_samples, "use at most N feeds")->check(kCount);
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub.add_flag("--tf32", o->tf32, kTf32Help);
   sub.add_flag("--no-fusion", o->no_fusion,

@@ -191,11 +191,11 @@ void setup_sensitivity(CLI::App& sub, Action& action) {
   sub.add_option("--calib", o->calib, "calibration table from `mpq calibrate`");
   sub.add_option("--calib-data", o->calib_data, "or calibrate here, on this data folder");
   sub.add_option("--method", o->method, "range method with --calib-data (default entropy)")->check(CLI::IsMember(names));
-  sub.add_option("--calib-samples", o->calib_samples, "use at most N calibration feeds");
+  sub.add_option("--calib-samples", o->calib_samples, "use at most N calibration feeds")->check(kCount);
   sub.add_option("--max-top1-drop", o->max_top1_drop, "budget: largest accuracy drop (fraction, default 0.01 = 1 point)");
   sub.add_option("--rank", o->rank, "auto (default), exclusion (one evaluation per node) or snr (one per-layer pass)")
       ->check(CLI::IsMember({"auto", "exclusion", "snr"}));
-  sub.add_option("--max-keep", o->max_keep, "keep at most N nodes in FP32");
+  sub.add_option("--max-keep", o->max_keep, "keep at most N nodes in FP32")->check(kCount);
   sub.add_flag("--no-prune", o->no_prune, "do not try to drop kept nodes again after the budget is met");
   sub.add_option("-o,--output", o->output, "write the quantized model with the kept nodes in FP32");
   sub.add_option("--report", o->report, "write the search as JSON");
@@ -205,12 +205,12 @@ void setup_sensitivity(CLI::App& sub, Action& action) {
   sub.add_flag("--no-fuse", o->no_fuse, "do not fold BatchNormalization into Conv first");
   sub.add_option("--exclude-nodes", o->exclude_nodes, "nodes always kept in float (comma separated)");
   sub.add_option("--exclude-ops", o->exclude_ops, "op types always kept in float (comma separated)");
-  sub.add_option("--max-samples", o->max_samples, "evaluate on at most N samples");
+  sub.add_option("--max-samples", o->max_samples, "evaluate on at most N samples")->check(kCount);
   sub.add_option("--batch-size", o->batch_size, "rows per run when a data file holds a batch (default 64)");
   sub.add_option("--class-axis", o->class_axis, "axis of class scores (default 1)");
   sub.add_option("--label-output", o->label_output, "classifier output to score (default: the first one)");
   sub.add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_flag("--json", o->json, "print the search as JSON to stdout");
   sub.footer(
       "Exit status: 0 budget met, 1 not met, 2 bad input.\n"

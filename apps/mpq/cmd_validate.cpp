@@ -229,11 +229,11 @@ void setup_validate(CLI::App& sub, Action& action) {
   sub.add_flag("--per-layer", o->per_layer, "compare every intermediate tensor matched by name and rank layers by the error they add");
   sub.add_option("--top", o->top, "per-layer rows to print (default 15)");
   sub.add_option("--jump-db", o->jump_db, "first jump: first layer whose local SNR is within X dB of the worst (default 10)");
-  sub.add_option("--max-samples", o->max_samples, "compare at most N samples (batch rows)");
+  sub.add_option("--max-samples", o->max_samples, "compare at most N samples (batch rows)")->check(kCount);
   sub.add_option("--batch-size", o->batch_size, "rows per run when a data file holds a batch (default 64)");
   sub.add_option("--class-axis", o->class_axis, "axis of class scores for top-1 (default 1; -1 for the last)");
   sub.add_option("--label-output", o->label_output, "output the labels refer to (default: the first classifier-shaped one)");
-  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)");
+  sub.add_option("--threads", o->threads, "CPU threads (default: one per CPU this process may run on, as taskset or a cpuset allows)")->check(kCount);
   sub.add_flag("--json", o->json, "print the JSON report to stdout");
   sub.footer(
       "Exit status: 0 every threshold holds, 1 a threshold failed (each printed), 2 bad input.\n"

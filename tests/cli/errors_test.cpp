@@ -114,6 +114,30 @@ TEST_CASE("unknown subcommands and options are usage errors", "[cli][errors]") {
   CHECK(test::run_mpq({"inspect", add_model().string(), "--no-such-flag"}).exit_code == 2);
 }
 
+TEST_CASE("a negative or malformed count is a usage error naming its option", "[cli][errors]") {
+  // Inside mpq a negative count often means "not given" (all feeds, automatic warm-up); typed by a
+  // user it is a mistake, refused at parsing (exit 2) rather than read as that.
+  auto refused = [](const std::vector<std::string>& args, const std::string& option, const std::string& value,
+                    const std::string& least) {
+    auto r = test::run_mpq(args);
+    INFO(args[0] << " " << option << " " << value << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(option + ": must be a whole number, " + least + " or more, got " + value));
+  };
+  const std::string model = add_model().string();
+  for (const char* command : {"run", "calibrate", "quantize", "convert", "validate", "sensitivity"})
+    for (const char* value : {"-3", "2x"}) refused({command, model, "--max-samples", value}, "--max-samples", value, "0");
+  for (const char* command : {"run", "calibrate", "quantize", "convert", "validate", "sensitivity", "qat-finetune"})
+    refused({command, model, "--threads", "-1"}, "--threads", "-1", "0");
+  refused({"run", model, "--repeat", "-1"}, "--repeat", "-1", "0");
+  refused({"sensitivity", model, "--calib-samples", "-1"}, "--calib-samples", "-1", "0");
+  refused({"sensitivity", model, "--max-keep", "-1"}, "--max-keep", "-1", "0");
+  refused({"qat-finetune", model, "--calib-samples", "-5"}, "--calib-samples", "-5", "0");
+  refused({"qat-finetune", model, "--steps", "0"}, "--steps", "0", "1");
+  for (const char* option : {"--warmup", "--every", "--freeze-ranges-after"})
+    refused({"qat-finetune", model, option, "-2"}, option, "-2", "0");
+}
+
 TEST_CASE("help and version", "[cli]") {
   auto help = test::run_mpq({"--help"});
   CHECK(help.exit_code == 0);
