@@ -227,7 +227,7 @@ void setup_validate(CLI::App& sub, Action& action) {
   }
   sub.add_option("--report", o->reports, "write a report; format by extension: .json, .xml (JUnit), .html (repeatable)");
   sub.add_flag("--per-layer", o->per_layer, "compare every intermediate tensor matched by name and rank layers by the error they add");
-  sub.add_option("--top", o->top, "per-layer rows to print (default 15)");
+  sub.add_option("--top", o->top, "per-layer rows to print (default 15)")->check(kCount);
   sub.add_option("--jump-db", o->jump_db, "first jump: first layer whose local SNR is within X dB of the worst (default 10)");
   sub.add_option("--max-samples", o->max_samples, "compare at most N samples (batch rows)")->check(kCount);
   sub.add_option("--batch-size", o->batch_size, "rows per run when a data file holds a batch (default 64)");

@@ -160,6 +160,10 @@ QatResult qat_finetune(const QatOptions& o) {
   if (o.optimizer != "adamw" && o.optimizer != "sgd") fail_input("--optimizer must be adamw or sgd, got '{}'", o.optimizer);
   if (o.batch_size < 1) fail_input("--batch-size must be at least 1");
   if (!(o.lr > 0)) fail_input("--lr must be positive");
+  // As PyTorch's optimizers refuse a negative decay; a negative norm would flip the gradients.
+  if (!(o.weight_decay >= 0)) fail_input("--weight-decay must be 0 or more, got {}", o.weight_decay);
+  if (!(o.max_grad_norm >= 0))
+    fail_input("--clip-grad-norm must be 0 (no clipping, the default) or more, got {}", o.max_grad_norm);
   if (o.resume && o.checkpoint_dir.empty()) fail_input("--resume needs --checkpoint DIR");
   if (!o.checkpoint_dir.empty() && !fs::is_directory(o.checkpoint_dir)) {
     std::error_code ec;

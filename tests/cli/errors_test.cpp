@@ -136,6 +136,7 @@ TEST_CASE("a negative or malformed count is a usage error naming its option", "[
   refused({"qat-finetune", model, "--steps", "0"}, "--steps", "0", "1");
   for (const char* option : {"--warmup", "--every", "--freeze-ranges-after"})
     refused({"qat-finetune", model, option, "-2"}, option, "-2", "0");
+  refused({"validate", "--reference", model, "--candidate", model, "--top", "-1"}, "--top", "-1", "0");
 }
 
 TEST_CASE("help and version", "[cli]") {

@@ -144,6 +144,17 @@ TEST_CASE("QAT refuses bad input with clear messages", "[qat][errors]") {
   nothing.resume = true;
   nothing.checkpoint_dir = dir / "empty";
   CHECK_THROWS_WITH(qat_finetune(nothing), Catch::Contains("no checkpoint"));
+  // Hyperparameters out of their domain: refused before any work, as PyTorch's optimizers refuse a
+  // negative decay (a negative clipping norm would flip the gradients).
+  QatOptions decay = base(data);
+  decay.weight_decay = -0.01;
+  CHECK_THROWS_WITH(qat_finetune(decay), Catch::Contains("--weight-decay must be 0 or more, got -0.01"));
+  QatOptions clip = base(data);
+  clip.max_grad_norm = -1.0;
+  CHECK_THROWS_WITH(qat_finetune(clip), Catch::Contains("--clip-grad-norm must be 0"));
+  QatOptions rate = base(data);
+  rate.lr = 0.0;
+  CHECK_THROWS_WITH(qat_finetune(rate), Catch::Contains("--lr must be positive"));
   // A learning rate that blows the weights up: a clear error, not a NaN model.
   QatOptions wild = base(data);
   wild.lr = 1e12;
