@@ -332,6 +332,10 @@ int64_t chunk_count(const rt::ThreadPool* pool, int64_t n) {
   return std::min<int64_t>(pool->size(), n / (kMinParallelValues / 2));
 }
 
+// A value for the recorded min/max: -0 and +0 compare equal, and which one a scan keeps depends on
+// the kernel and on the order the zeros come in, so a zero is recorded as +0 on every path.
+double recorded(float v) { return v == 0.0f ? 0.0 : static_cast<double>(v); }
+
 }  // namespace
 
 BinningKernel force_binning_kernel(BinningKernel kernel) {
@@ -513,9 +517,8 @@ std::vector<uint64_t> Histogram::abs_counts(bool skip_zeros) const {
 }
 
 void TensorStats::record(const MinMaxScan& s, int64_t n) {
-  // -0 and +0 compare equal and the vector and scalar scans may keep either: record +0.
-  min = std::min(min, static_cast<double>(s.lo == 0.0f ? 0.0f : s.lo));
-  max = std::max(max, static_cast<double>(s.hi == 0.0f ? 0.0f : s.hi));
+  min = std::min(min, recorded(s.lo));
+  max = std::max(max, recorded(s.hi));
   count += static_cast<uint64_t>(n);
 }
 
@@ -576,9 +579,8 @@ void TensorStats::add_with_nonfinite(const float* data, int64_t n) {
     }
   }
   if (clean.empty()) return;
-  // +0 for a zero minimum or maximum, as record() keeps: which zero comes first must not matter.
-  min = std::min(min, static_cast<double>(lo == 0.0f ? 0.0f : lo));
-  max = std::max(max, static_cast<double>(hi == 0.0f ? 0.0f : hi));
+  min = std::min(min, recorded(lo));
+  max = std::max(max, recorded(hi));
   count += clean.size();
   if (has_histogram) histogram.add(clean.data(), static_cast<int64_t>(clean.size()), std::max(std::fabs(lo), std::fabs(hi)));
 }
@@ -596,9 +598,8 @@ void TensorStats::add_ref(const float* data, int64_t n) {
   }
   if (clean.empty()) return;
   for (float v : clean) {
-    const double x = v == 0.0f ? 0.0 : static_cast<double>(v);  // +0 for -0, as the fast paths record
-    min = std::min(min, x);
-    max = std::max(max, x);
+    min = std::min(min, recorded(v));
+    max = std::max(max, recorded(v));
   }
   count += clean.size();
   if (has_histogram) histogram.add_ref(clean.data(), static_cast<int64_t>(clean.size()));

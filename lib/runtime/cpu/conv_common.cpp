@@ -125,13 +125,12 @@ namespace {
 template <typename T>
 void gemm_split_bias(ThreadPool& pool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                      const T* b, int64_t ldb, const T* row_bias, T* c, int64_t ldc) {
-  if (row_bias == nullptr) {
-    blas_gemm_split(pool, ta, tb, m, n, k, T(1), a, lda, b, ldb, T(0), c, ldc);
-  } else if (t_deterministic) {
-    fill_rows(c, ldc, m, n, row_bias);
-    blas_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc);
+  const T beta = row_bias ? T(1) : T(0);
+  if (t_deterministic) {  // one call on this thread, as blas_gemm_split makes
+    if (row_bias) fill_rows(c, ldc, m, n, row_bias);
+    blas_gemm(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
   } else {
-    split_gemm(pool, ta, tb, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc, row_bias);
+    split_gemm(pool, ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc, row_bias);
   }
 }
 }  // namespace
