@@ -172,6 +172,11 @@ def main():
             a, b = json.loads(rc.stdout)["losses"], json.loads(rg.stdout)["losses"]
             check(len(a) == len(b) == 6 and abs(a[0] - b[0]) <= first_tol * abs(a[0]),
                   f"{label}: the first step's loss on the CUDA path {b[0]:.7g} equals the CPU's {a[0]:.7g}")
+            # One update applied: the gradients and AdamW's step agree (a wrong gradient or update
+            # moves this loss by far more; it changes 4x from step 1 to 2 at this rate).
+            if len(a) == len(b) == 6:
+                check(abs(a[1] - b[1]) <= 0.03 * abs(a[1]),
+                      f"{label}: the second step's loss on the CUDA path {b[1]:.7g} is the CPU's {a[1]:.7g} within 3%")
             worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
             check(worst <= worst_tol, f"{label}: the CUDA path's losses track the CPU's over 6 steps (worst relative gap {worst:.3f})")
             m = onnx.load(cuda_out)
@@ -183,8 +188,12 @@ def main():
         # into whole-step changes where a value sits on a rounding boundary.
         cuda_against_cpu("fp32", [], 1e-4, 0.25)
         # Mixed precision (FP16 values where autocast puts them, dynamic loss scaling) against the
-        # CPU engine's --amp fp16: FP16 rounding hides the other summation order, the losses stay together.
-        cuda_against_cpu("amp fp16", ["--amp", "fp16"], 1e-3, 0.01)
+        # CPU engine's --amp fp16, which runs mpq's own convolutions: OpenBLAS GEMMs whose summation
+        # order depends on the kernel set (the CPU, OPENBLAS_CORETYPE). With its SkylakeX kernels the
+        # losses equal the emulated device's to 6 digits; with its Haswell or Sandybridge kernels,
+        # the CPU runs alone differ from each other by up to 10% by step 5 (FakeQuant again), so
+        # the drift is held to fp32's bound.
+        cuda_against_cpu("amp fp16", ["--amp", "fp16"], 1e-3, 0.25)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("PASS" if not failures else f"FAIL: {len(failures)} check(s)")
