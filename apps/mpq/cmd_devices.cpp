@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "cli.h"
@@ -21,7 +22,10 @@ void setup_devices(CLI::App& sub, Action& action) {
       if (*json) {
         nlohmann::json j;
         j["cpu"] = true;
-        j["blas_kernels"] = {{"detected", blas.detected}, {"active", blas.active}, {"reason", blas.reason}};
+        j["blas_kernels"] = {{"detected", blas.detected},
+                             {"active", blas.active},
+                             {"reason", blas.reason},
+                             {"below_cpu", rt::blas_kernels_below_cpu()}};
         j["cuda_built"] = d.cuda_built;
         j["cuda_runtime_version"] = d.cuda_runtime_version;
         j["cuda_driver_version"] = d.cuda_driver_version;
@@ -41,6 +45,13 @@ void setup_devices(CLI::App& sub, Action& action) {
           std::cout << fmt::format("cpu: OpenBLAS kernels {} (it picked {}: {})\n", blas.active, blas.detected, blas.reason);
         else
           std::cout << fmt::format("cpu: OpenBLAS kernels {} ({})\n", blas.active, blas.reason);
+        if (rt::blas_kernels_below_cpu()) {
+          const char* forced = std::getenv("OPENBLAS_CORETYPE");
+          std::cout << fmt::format(
+              "cpu: these kernels have no AVX-512, which this CPU has{}: OpenBLAS's GEMMs run at about half speed, and "
+              "mpq sends more products to oneDNN\n",
+              forced ? fmt::format(" (OPENBLAS_CORETYPE={}; without it OpenBLAS picks its best)", forced) : "");
+        }
       }
       if (!d.cuda_built) {
         std::cout << "cuda: " << d.cuda_unavailable_reason << "\n";

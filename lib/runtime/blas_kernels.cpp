@@ -47,12 +47,19 @@ bool runtime_selection() {
 std::string switch_blas_kernels(const std::string& name) {
   if (!runtime_selection()) return "";
   // gotoblas_dynamic_init() does nothing while a kernel set is selected, and reads
-  // OPENBLAS_CORETYPE as it does at load time. The variable is removed again so that it does not
-  // reach child processes, which select for themselves.
+  // OPENBLAS_CORETYPE as it does at load time. The variable is set back as it was (removed, or
+  // the user's value) so that child processes select for themselves.
+  const char* user = std::getenv("OPENBLAS_CORETYPE");
+  const std::string previous = user ? user : "";
+  const bool had_previous = user != nullptr;
   setenv("OPENBLAS_CORETYPE", name.c_str(), 1);
   gotoblas_dynamic_quit();
   gotoblas_dynamic_init();
-  unsetenv("OPENBLAS_CORETYPE");
+  if (had_previous) {
+    setenv("OPENBLAS_CORETYPE", previous.c_str(), 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
+  }
   return current_corename();
 }
 
@@ -86,6 +93,18 @@ BlasKernels select_blas_kernels() {
     spdlog::warn("OpenBLAS: asked for its {} kernels, runs {}", wanted, k.active);
   }
   return k;
+}
+
+bool blas_kernels_below_cpu() {
+  static const bool cpu_has_avx512 = blas_kernels_for_this_cpu() == "SkylakeX";
+  if (!cpu_has_avx512 || !runtime_selection()) return false;
+  // OpenBLAS 0.3.21's kernel sets with an AVX-512 sgemm (Cooperlake reuses SkylakeX's; later
+  // releases add SapphireRapids).
+  const char* name = openblas_get_corename();
+  if (name == nullptr) return false;
+  for (const char* avx512 : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (strcasecmp(name, avx512) == 0) return false;
+  return true;
 }
 
 const BlasKernels& ensure_blas_kernels() {

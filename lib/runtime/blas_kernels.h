@@ -23,7 +23,7 @@ struct BlasKernels {
 };
 
 // Idempotent and cheap after the first call. The first call swaps OpenBLAS's kernel table (for a
-// moment there is none) and sets and clears an environment variable, so it must come before any
+// moment there is none) and sets an environment variable and puts it back, so it must come before any
 // other thread calls BLAS or reads the environment: mpq's main calls it first thing, and
 // ThreadPool's constructor, before any GEMM, for programs that use the library directly.
 const BlasKernels& ensure_blas_kernels();
@@ -40,5 +40,13 @@ std::string switch_blas_kernels(const std::string& name);
 // The kernel set the CPU's features allow ("SkylakeX", "Haswell", "Sandybridge"), or "" when it has
 // no AVX. Exposed for the test.
 std::string blas_kernels_for_this_cpu();
+
+// Whether OpenBLAS runs a kernel set without AVX-512 on a CPU that has the AVX-512 its SkylakeX
+// kernels use: an OPENBLAS_CORETYPE such as Haswell in the environment, which mpq leaves alone (an
+// AMD Zen 5 development machine sets it for every process). Then OpenBLAS's sgemm runs at about
+// half the speed the CPU allows, while oneDNN picks its kernels from the CPU itself, and mpq sends
+// more of its GEMMs to oneDNN (runtime/cpu/matmul_onednn.cpp). False when OpenBLAS cannot say
+// which kernels run. Cheap: call it per GEMM.
+bool blas_kernels_below_cpu();
 
 }  // namespace mpq::rt

@@ -1,13 +1,13 @@
 // Benchmark driver (not a test): what a second thread gains on oneDNN alone, for a chain of
 // convolutions at batch 1 against the same convolutions repeated one at a time.
 //
-//     bench_conv_chain [--threads N] [--repeat R]
+//     bench_conv_chain [--threads N] [--repeat R] [--macs-per-thread M]
 //
 // The chain is the fashion ResNet's nine convolutions (tests/models/fashion/fashion_resnet.onnx,
 // one 28 x 28 image), in order, on the layouts and OpenMP team sizes mpq gives them: nChw16c
 // activations, weights in oneDNN's own layout, bias and ReLU post-ops, the residual as a sum
-// post-op into the block's input, and a team of one for a convolution under 0.3M multiply-adds
-// (runtime/cpu/conv_onednn.cpp; mpq's figure with libgomp spinning, as here: under
+// post-op into the block's input, and a team of one for a convolution under 0.3M multiply-adds, or
+// under --macs-per-thread M (runtime/cpu/conv_onednn.cpp; mpq's figure with libgomp spinning, as here: under
 // OMP_WAIT_POLICY=PASSIVE mpq uses 4M, and mpq sets its own GOMP_SPINCOUNT). Each row:
 // microseconds per convolution on one thread and on N, chained (each reads what the previous one
 // wrote, as in a run of the model) and alone (the same convolution again and again, its input
@@ -29,6 +29,8 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
+
+double g_macs_per_thread = 3e5;  // --macs-per-thread: mpq's figure by default
 
 struct Conv {
   std::string name;
@@ -57,7 +59,7 @@ struct Net {
     const double macs = static_cast<double>(oh * oh * oc * ic * k * k);
     Conv c;
     c.name = name;
-    c.team = std::max(1, std::min(threads, static_cast<int>(macs / 3e5)));
+    c.team = std::max(1, std::min(threads, static_cast<int>(macs / g_macs_per_thread)));
     omp_set_num_threads(c.team);  // oneDNN fixes its split for the team size at creation
     const memory::desc wd({oc, ic, k, k}, dt::f32, tag::any), bd({oc}, dt::f32, tag::x),
         dd({1, oc, oh, oh}, dt::f32, tag::nChw16c);
@@ -133,9 +135,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--repeat") == 0) repeat = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--macs-per-thread") == 0) g_macs_per_thread = std::atof(argv[i + 1]);
   }
   if (threads < 1 || repeat < 1) {
-    std::fprintf(stderr, "usage: bench_conv_chain [--threads N] [--repeat R]\n");
+    std::fprintf(stderr, "usage: bench_conv_chain [--threads N] [--repeat R] [--macs-per-thread M]\n");
     return 2;
   }
   const Net one = measure(1, repeat);

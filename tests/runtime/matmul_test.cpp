@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <strings.h>
 #include <vector>
 
+#include "runtime/blas_kernels.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/reference.h"
@@ -277,6 +279,48 @@ TEST_CASE("mpq::MatMulBias with constant B: oneDNN (packed once) and OpenBLAS ma
       const auto blas = run_matmul_bias(a, b, bias, threads);
       CHECK(test::rel_l2(blas[0], got[0]) < 1e-6);
     }
+}
+
+TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS runs without AVX-512 on an AVX-512 CPU",
+          "[matmul][onednn]") {
+  // An OPENBLAS_CORETYPE such as Haswell on an AVX-512 CPU (an AMD Zen 5 machine sets it): OpenBLAS's
+  // sgemm runs at about half the CPU's speed, oneDNN at full speed. Simulated on any AVX-512 CPU by
+  // switching OpenBLAS's kernel table; the process's kernels are restored after.
+  if (!rt::cpu::onednn_enabled() || rt::blas_kernels_for_this_cpu() != "SkylakeX") {
+    WARN("not exercised: oneDNN is off or this CPU has no AVX-512");
+    return;
+  }
+  const std::string before = rt::switch_blas_kernels(rt::ensure_blas_kernels().active);
+  if (before.empty()) {
+    WARN("not exercised: this OpenBLAS does not choose its kernels at run time");
+    return;
+  }
+  struct Case {
+    int64_t m, k, n;
+    bool onednn_below_cpu;  // with AVX2 kernels: oneDNN; with AVX-512 kernels every case is OpenBLAS's
+  };
+  const std::vector<Case> cases = {{16, 64, 64, true}, {17, 64, 129, true}, {16, 32, 64, false}, {5, 3, 7, false}};
+  uint32_t seed = 90;
+  for (const char* kernels : {"Haswell", "SkylakeX"}) {
+    REQUIRE(strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels) == 0);
+    const bool below = std::string(kernels) == "Haswell";
+    CHECK(rt::blas_kernels_below_cpu() == below);
+    for (const Case& c : cases) {
+      INFO(kernels << " kernels, M " << c.m << ", K " << c.k << ", N " << c.n);
+      const Tensor a = test::random_tensor({c.m, c.k}, seed++, -1.0f, 1.0f);
+      const Tensor b = test::random_tensor({c.k, c.n}, seed++, -1.0f, 1.0f);
+      const Tensor bias = test::random_tensor({c.n}, seed++, -1.0f, 1.0f);
+      const uint64_t ran_before = rt::cpu::onednn_matmul_count();
+      const auto got = run_matmul_bias(a, b, bias, 1);
+      CHECK(rt::cpu::onednn_matmul_count() - ran_before == (below && c.onednn_below_cpu ? 2u : 0u));
+      const std::vector<double> want = matmul_bias_ref(a, b, bias);
+      double worst = 0;
+      for (int64_t i = 0; i < got[0].numel(); ++i)
+        worst = std::max(worst, std::fabs(got[0].get_double(i) - want[static_cast<size_t>(i)]) / (1.0 + std::fabs(want[static_cast<size_t>(i)])));
+      CHECK(worst < 1e-5);
+    }
+  }
+  REQUIRE(rt::switch_blas_kernels(before) == before);
 }
 
 TEST_CASE("mpq::MatMulBias on oneDNN: another batch size on the same node replans and stays right",

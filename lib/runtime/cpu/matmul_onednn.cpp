@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "runtime/blas_kernels.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
 
@@ -43,6 +44,12 @@ using dt = memory::data_type;
 // Below this many multiply-adds OpenBLAS's call is cheaper (M 16, K 128, N 64: 1.4 us against
 // oneDNN's 1.5 us; M 16, K 64, N 192: 2.4 against 2.3).
 constexpr double kMinMacs = 256e3;
+// The same where OpenBLAS runs kernels without AVX-512 on an AVX-512 CPU (blas_kernels_below_cpu).
+// AMD Zen 5 with OPENBLAS_CORETYPE=Haswell, one thread, us per product (8 chained in a model, `mpq
+// run --repeat 2000`): M 16, K 64, N 32 (33K) OpenBLAS 0.96, oneDNN 0.99; 16 x 64 x 64 1.54 against
+// 1.24; 16 x 64 x 128 2.9 against 1.8; 17 x 64 x 192 5.2 against 2.4 (OpenBLAS's AVX-512 kernels:
+// 0.55, 0.78, 1.3, 2.0). The ViT at batch 1 0.097 -> 0.079 ms.
+constexpr double kMinMacsBlasBelowCpu = 48e3;
 
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
@@ -80,7 +87,7 @@ bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const
                         const float* bias, float* y, OnednnMatmulState& state) {
   if (!onednn_enabled() || !onednn_allowed_here() || deterministic_blas()) return false;
   const double macs = static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
-  if (macs < kMinMacs) return false;
+  if (macs < kMinMacs && (macs < kMinMacsBlasBelowCpu || !blas_kernels_below_cpu())) return false;
   OnednnMatmulState::Impl& st = *state.impl;
   const int team = onednn_team_size(macs, pool.size());
   // The team is read when the primitive is created (its work split is fixed then).
