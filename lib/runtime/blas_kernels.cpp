@@ -97,7 +97,7 @@ BlasKernels select_blas_kernels() {
 
 bool blas_kernels_below_cpu() {
   static const bool cpu_has_avx512 = blas_kernels_for_this_cpu() == "SkylakeX";
-  if (!cpu_has_avx512 || !runtime_selection()) return false;
+  if (!cpu_has_avx512 || openblas_get_corename == nullptr) return false;
   // OpenBLAS 0.3.21's kernel sets with an AVX-512 sgemm (Cooperlake reuses SkylakeX's; later
   // releases add SapphireRapids).
   const char* name = openblas_get_corename();

@@ -45,8 +45,9 @@ std::string blas_kernels_for_this_cpu();
 // kernels use: an OPENBLAS_CORETYPE such as Haswell in the environment, which mpq leaves alone (an
 // AMD Zen 5 development machine sets it for every process). Then OpenBLAS's sgemm runs at about
 // half the speed the CPU allows, while oneDNN picks its kernels from the CPU itself, and mpq sends
-// more of its GEMMs to oneDNN (runtime/cpu/matmul_onednn.cpp). False when OpenBLAS cannot say
-// which kernels run. Cheap: call it per GEMM.
+// more of its GEMMs to oneDNN (runtime/cpu/matmul_onednn.cpp). Also true for an OpenBLAS built for
+// one older target only, which names it. False when the BLAS cannot say which kernels run (no
+// openblas_get_corename). Cheap: call it per GEMM.
 bool blas_kernels_below_cpu();
 
 }  // namespace mpq::rt

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--repeat") == 0) repeat = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--macs-per-thread") == 0) g_macs_per_thread = std::atof(argv[i + 1]);
   }
-  if (threads < 1 || repeat < 1) {
+  if (threads < 1 || repeat < 1 || !(g_macs_per_thread > 0)) {
     std::fprintf(stderr, "usage: bench_conv_chain [--threads N] [--repeat R] [--macs-per-thread M]\n");
     return 2;
   }

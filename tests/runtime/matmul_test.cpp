@@ -290,11 +290,18 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
     WARN("not exercised: oneDNN is off or this CPU has no AVX-512");
     return;
   }
-  const std::string before = rt::switch_blas_kernels(rt::ensure_blas_kernels().active);
-  if (before.empty()) {
-    WARN("not exercised: this OpenBLAS does not choose its kernels at run time");
+  // OPENBLAS_CORETYPE cannot name every set OpenBLAS picks by itself (0.3.21 stops short of
+  // Cooperlake), so the process's kernels can be restored only where their name selects them.
+  const std::string before = rt::ensure_blas_kernels().active;
+  if (before.empty() || strcasecmp(before.c_str(), "Cooperlake") == 0 || strcasecmp(before.c_str(), "SapphireRapids") == 0) {
+    WARN("not exercised: OpenBLAS cannot say which kernels run, or runs " << before << ", which cannot be selected back by name");
     return;
   }
+  // Puts the process's kernels back on every way out, a failed REQUIRE included.
+  struct Restore {
+    std::string kernels;
+    ~Restore() { rt::switch_blas_kernels(kernels); }
+  } restore{before};
   struct Case {
     int64_t m, k, n;
     bool onednn_below_cpu;  // with AVX2 kernels: oneDNN; with AVX-512 kernels every case is OpenBLAS's
@@ -320,7 +327,7 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
       CHECK(worst < 1e-5);
     }
   }
-  REQUIRE(rt::switch_blas_kernels(before) == before);
+  CHECK(strcasecmp(rt::switch_blas_kernels(before).c_str(), before.c_str()) == 0);
 }
 
 TEST_CASE("mpq::MatMulBias on oneDNN: another batch size on the same node replans and stays right",
