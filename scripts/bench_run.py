@@ -92,6 +92,20 @@ def time_mpq(mpq, model, feeds, repeat, threads, idle_modes=None, stat="median")
         return j["latency_ms"]["min" if stat == "min" else "median"]
 
 
+def blas_note(mpq):
+    """Which OpenBLAS kernels mpq runs (`mpq devices --json`): an OPENBLAS_CORETYPE in the environment
+    can hold them below the CPU (AVX2 kernels on an AVX-512 CPU), which ONNX Runtime ignores."""
+    out = subprocess.run([mpq, "devices", "--json"], capture_output=True, text=True)
+    try:
+        k = json.loads(out.stdout)["blas_kernels"]
+    except (ValueError, KeyError):
+        return "mpq's OpenBLAS kernels: unknown"
+    note = f"mpq's OpenBLAS kernels: {k.get('active') or 'unknown'} ({k.get('reason', '')})"
+    if k.get("below_cpu"):
+        note += f"; no AVX-512 on an AVX-512 CPU (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')})"
+    return note
+
+
 def int8_models(mpq, folder):
     os.makedirs(folder, exist_ok=True)
     out = []
@@ -126,6 +140,7 @@ def main():
     so.inter_op_num_threads = 1
     rows = []
     print(f"threads={args.threads} repeat={args.repeat} onnxruntime={ort.__version__}")
+    print(blas_note(args.mpq))
     print(f"{'model':<28} {'batch':>5} {'mpq ms':>9} {'ORT ms':>9} {'mpq/ORT':>8}")
     for model in models:
         if not os.path.exists(model):

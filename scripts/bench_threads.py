@@ -57,6 +57,7 @@ def main():
     if args.int8:
         models += br.int8_models(args.mpq, args.int8)
     batches = [int(b) for b in args.batches.split(",")]
+    print(br.blas_note(args.mpq))
 
     rows = []
     for model in models:
