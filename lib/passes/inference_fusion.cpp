@@ -15,6 +15,7 @@
 #include "passes/fuse_matmul_bias.h"
 #include "passes/fuse_qdq_pair.h"
 #include "passes/int8_conv.h"
+#include "passes/move_conv_before_resize.h"
 #include "passes/pass.h"
 #include "passes/quant_placement.h"
 #include "runtime/devices.h"
@@ -44,6 +45,7 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   FuseLayerNorm fuse_ln;
   FuseGelu fuse_gelu;
   FuseMatMulBias fuse_matmul_bias;
+  MoveConvBeforeResize conv_before_resize;
   FuseQdqPair fuse_qdq;
   FuseConvFakeQuant fuse_conv_fq;
   DropRedundantFakeQuant drop_fq;
@@ -52,7 +54,7 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
   if (backend == rt::BackendKind::CPU) {
-    pipeline.insert(pipeline.end(), {&fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq, &drop_fq});
+    pipeline.insert(pipeline.end(), {&conv_before_resize, &fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq, &drop_fq});
     if (int8_conv_enabled()) pipeline.push_back(&int8_conv);
   }
   std::vector<std::string> notes;
