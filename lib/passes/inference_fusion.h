@@ -13,7 +13,8 @@
 namespace mpq::passes {
 
 // Folds constants and Conv+BatchNormalization (float32 only); on the CPU also fuses Conv with its
-// residual Add and activation, LayerNorm, GELU and MatMul+bias, and keeps tensors between oneDNN
+// residual Add and activation, LayerNorm, GELU and MatMul+bias, runs a 1x1 Conv before the
+// upsampling Resize that feeds it (move_conv_before_resize.h), and keeps tensors between oneDNN
 // convolutions channel-blocked. Graph outputs and the values named in `keep` stay observable: no
 // fusion hides them (a channel-blocked tensor holds the same values in another order, so its
 // min/max and histogram are unchanged). Returns the passes' notes.

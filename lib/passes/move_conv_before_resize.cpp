@@ -46,6 +46,15 @@ const ir::Node* movable_resize(const ir::Model& model, const ir::Node& conv) {
   if (!opset10 && !absent_or_empty(rz.input(3))) return nullptr;
   if (!scales || scales->dtype() != DType::Float32 || scales->numel() != 4) return nullptr;
   if (scales->get_double(0) != 1.0 || scales->get_double(1) != 1.0) return nullptr;
+  // Only where it saves work. Per output pixel, with `taps` input pixels read per output pixel
+  // and channel (nearest 1, linear 4, cubic 16) and s the Resize's area factor: Cin * Cout + taps
+  // * Cin before, Cin * Cout / s + taps * Cout after. An upsampling (s > 1) to fewer or as many
+  // channels always gains; a downsampling never does.
+  const double sh = scales->get_double(2), sw = scales->get_double(3);
+  if (!(sh >= 1.0 && sw >= 1.0 && sh * sw > 1.0)) return nullptr;
+  const double cout = static_cast<double>(w->dim(0)), cin = static_cast<double>(w->dim(1));
+  const double taps = mode == "nearest" ? 1.0 : (mode == "linear" ? 4.0 : 16.0);
+  if (cin * cout / (sh * sw) + taps * cout >= cin * cout + taps * cin) return nullptr;
   return &rz;
 }
 
@@ -65,7 +74,13 @@ void MoveConvBeforeResize::apply(ir::Model& model, ir::Node& node, PassStats& st
   const std::vector<ir::Attribute> conv_attrs = node.attributes, rz_attrs = rz->attributes;
   const std::string what = fmt::format("{} before {}", node.label(), rz->label());
   conv_inputs[0] = rz_inputs[0];
-  ir::Value* low = g.add_value(g.unique_name(out->name() + "_before_resize"), ir::ValueType::tensor_unranked(DType::Float32));
+  // [N, Cout, H, W] where X's shape is declared.
+  ir::ValueType low_type = ir::ValueType::tensor_unranked(DType::Float32);
+  if (const ir::ValueType& xt = rz_inputs[0]->type; xt.is_tensor() && xt.has_shape && xt.dims.size() == 4) {
+    low_type = ir::ValueType::tensor(DType::Float32, xt.dims);
+    low_type.dims[1] = ir::Dim::fixed(constant_value(conv_inputs[1])->dim(0));
+  }
+  ir::Value* low = g.add_value(g.unique_name(out->name() + "_before_resize"), low_type);
   rz_inputs[0] = low;
   g.remove_node(&node);
   g.remove_node(rz);

@@ -11,6 +11,8 @@ namespace mpq::passes {
 // not), so the bias passes through too and the outputs are equal up to float rounding. The Conv
 // then runs on the smaller (input) resolution and the Resize on the Conv's channels: a decoder's
 // 2x upsampling followed by a 1x1 projection (U-Net) does a quarter of its multiply-adds.
+// Only where it saves work: an upsampling, and a count of multiply-adds and interpolation taps
+// per output pixel that falls (it does whenever the Conv keeps or cuts the channel count).
 // Guarded: float32; the Resize's output is read only by the Conv and is not a graph output (so
 // values kept observable for calibration stay as written); scales are a constant of 1 on the batch
 // and channel axes; not tf_crop_and_resize (its extrapolated pixels are a constant, not a weighted
