@@ -9,8 +9,9 @@
 // The output is pre-filled with the bias and the GEMM accumulates onto it (beta = 1), so the bias
 // costs no extra pass; in the pointwise case each GEMM, or each piece of a split one, fills its own
 // part just before it (blas_gemm_split_bias). GEMMs large enough for OpenBLAS to thread run one at
-// a time on its threads; (image, group) tasks whose GEMM OpenBLAS would run single-threaded anyway are spread over the
-// kernel pool instead. ConvTranspose is GEMM (W^T X) + col2im per (image, group).
+// a time on its threads; (image, group) tasks whose GEMM OpenBLAS would run single-threaded
+// anyway are spread over the kernel pool instead. ConvTranspose is GEMM (W^T X) + col2im per
+// (image, group).
 // More than three spatial dimensions fall back to the scalar reference implementation.
 #include <immintrin.h>
 

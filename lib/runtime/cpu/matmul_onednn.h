@@ -3,9 +3,9 @@
 // oneDNN's matmul, with W packed once into oneDNN's layout. Measured against OpenBLAS on the shipped
 // transformers' shapes (one thread, AVX-512; docs/runtime.md): oneDNN is 1.3-1.6x faster at
 // 0.5-1.6M multiply-adds (M 128, K 64-128, N 64-192: a batch of 8 x 16 tokens); at batch 1 (M 16,
-// 130-200K) the two are within 0.2 us either way, so products under 256K stay with OpenBLAS; under
-// 48K only where OpenBLAS runs kernels without AVX-512 on an AVX-512 CPU (blas_kernels_below_cpu:
-// oneDNN is then faster from about 40K, 2.2x at 200K).
+// 130-200K) the two are within 0.2 us either way, so products under 256K stay with OpenBLAS.
+// Where OpenBLAS runs kernels without AVX-512 on an AVX-512 CPU (blas_kernels_below_cpu), oneDNN is
+// faster from about 40K (2.2x at 200K), and products from 48K go to it.
 // Like the convolutions, a call sets the OpenMP team size (omp_set_num_threads) for its thread and
 // leaves it so; mpq's thread pool names its team size on every loop.
 #include <cstdint>
