@@ -1,5 +1,6 @@
-// Gemm and MatMul. Float32 goes to cblas_sgemm and float64 to cblas_dgemm; integer types use a
-// plain loop (wrapping two's-complement arithmetic, as ONNX Runtime). float16/bfloat16 run in
+// Gemm and MatMul. Float32 goes to cblas_sgemm and float64 to cblas_dgemm, except float32 Gemm
+// with a small B (a classifier head), which runs in mpq's own kernel (gemm_small.h); integer types
+// use a plain loop (wrapping two's-complement arithmetic, as ONNX Runtime). float16/bfloat16 run in
 // float32 through the executor.
 //
 // MatMul with a 2-D right operand folds A's batch dimensions into M (one GEMM); otherwise one GEMM
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/gemm_small.h"
 #include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/register_all.h"
 
@@ -107,7 +109,12 @@ void gemm_kernel(KernelContext& ctx) {
       return;
     }
     const int64_t lda = a.dim(1), ldb = b.dim(1);
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (small_gemm_applies(ta, K, N))
+        small_gemm(ctx.pool(), tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? 1.0f : 0.0f, yp, N);
+      else
+        blas_gemm_rows(ctx.pool(), ta, tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? T(1) : T(0), yp, N);
+    } else if constexpr (std::is_floating_point_v<T>) {
       blas_gemm_rows(ctx.pool(), ta, tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? T(1) : T(0), yp, N);
     } else {
       ctx.pool().parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N * K, 1)), [&](int64_t lo, int64_t hi) {

@@ -1,0 +1,53 @@
+#pragma once
+// Float32 Gemm with a small right operand (a classifier head: [1, 96] x [96, 128]^T) in mpq's own
+// kernel instead of OpenBLAS. OpenBLAS's sgemm packs both operands on every call whatever M is: a
+// batch-1 head took 2.5 us there against about 0.3 us here.
+//
+// Every row of C is computed by the same arithmetic whatever M, the row's position and the thread
+// count: the executor's batch split (a batch cut into rows, one part per thread, runtime/batch_rows)
+// must give the whole run's bits, so the choice of this kernel depends on K and N only, never on M
+// (an M rule would run the whole batch through OpenBLAS and its halves through this kernel).
+//
+// The order of each sum is fixed (and is what small_gemm_ref computes, bit for bit):
+// - B not transposed (B[k, n], N contiguous): acc = fma(a[k], b[k, n], acc) for k = 0, 1, ..., K - 1;
+// - B transposed (B[n, k], K contiguous): sixteen partial sums, lane j = fma over k = j, j + 16, ...
+//   below K rounded down to 16; the lanes added as a tree (j + 8 onto j, then + 4, + 2, + 1); then
+//   the remaining k one by one with fma.
+// Then C = alpha * acc (beta 0, C not read) or alpha * acc + beta * C, multiply and add rounded
+// apart. AVX-512 and AVX2 (as two halves of the sixteen lanes) give the same bits as the reference.
+// Not a public API.
+#include <cstdint>
+
+namespace mpq::rt {
+class ThreadPool;
+}
+
+namespace mpq::rt::cpu {
+
+// B's size (K * N) up to which Gemm runs here: 64 KiB, within a core's L2 with room for A and C.
+inline constexpr int64_t kSmallGemmMaxB = 16384;
+
+// Whether float32 Gemm with these dimensions runs in small_gemm: A not transposed, K * N at most
+// kSmallGemmMaxB, and outside training (a DeterministicBlas scope keeps OpenBLAS there, whose sums
+// the emulated CUDA path is compared with). M plays no part (see above).
+bool small_gemm_applies(bool ta, int64_t k, int64_t n);
+
+// C[m, n] = alpha * sum_k A[m, k] * op(B)[k, n] + beta * C[m, n] (beta 0: C is only written), rows
+// spread over the pool in blocks from 64K multiply-adds.
+void small_gemm(ThreadPool& pool, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The scalar ground truth: the same sums in the same order, rows [r0, r1).
+void small_gemm_ref(bool tb, int64_t r0, int64_t r1, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The instruction sets small_gemm has a build for; it runs the first this CPU supports.
+enum class SmallGemmIsa { Avx512, Avx2, Scalar };
+SmallGemmIsa small_gemm_isa();
+bool small_gemm_isa_supported(SmallGemmIsa isa);
+// Rows [r0, r1) on the given instruction set, which the CPU must support (tests compare each with
+// small_gemm_ref).
+void small_gemm_rows_on(SmallGemmIsa isa, bool tb, int64_t r0, int64_t r1, int64_t n, int64_t k, float alpha,
+                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace mpq::rt::cpu

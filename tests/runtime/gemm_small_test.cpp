@@ -1,0 +1,175 @@
+// The small-B Gemm kernel (runtime/cpu/gemm_small): every instruction-set build against the scalar
+// reference bit for bit, the reference against a float64 product, each row's bits independent of
+// M, of the row's position and of the thread count, beta 0 never reading C, when it applies, and
+// the Gemm node running through it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/gemm_small.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+
+using namespace mpq;
+using rt::cpu::SmallGemmIsa;
+
+namespace {
+
+std::vector<float> random_values(size_t count, uint32_t seed) {
+  const Tensor t = test::random_tensor({static_cast<int64_t>(count)}, seed, -1.0f, 1.0f);
+  return std::vector<float>(t.data<float>(), t.data<float>() + count);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Problem {
+  bool tb;
+  int64_t m, n, k;
+  float alpha, beta;
+  std::vector<float> a, b, c;  // c: the C given (read where beta is not 0)
+  int64_t lda() const { return k + 3; }  // leading dimensions wider than the rows
+  int64_t ldb() const { return (tb ? k : n) + 1; }
+  int64_t ldc() const { return n + 2; }
+};
+
+Problem make_problem(bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t seed) {
+  Problem p{tb, m, n, k, alpha, beta, {}, {}, {}};
+  p.a = random_values(static_cast<size_t>(m * p.lda()), seed);
+  p.b = random_values(static_cast<size_t>((tb ? n : k) * p.ldb()), seed + 1);
+  p.c = random_values(static_cast<size_t>(m * p.ldc()), seed + 2);
+  return p;
+}
+
+std::vector<float> run_ref(const Problem& p) {
+  std::vector<float> c = p.c;
+  rt::cpu::small_gemm_ref(p.tb, 0, p.m, p.n, p.k, p.alpha, p.a.data(), p.lda(), p.b.data(), p.ldb(), p.beta, c.data(),
+                          p.ldc());
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("small_gemm_ref computes alpha * A * op(B) + beta * C", "[gemm_small]") {
+  for (const bool tb : {false, true}) {
+    for (const float beta : {0.0f, 0.5f}) {
+      const Problem p = make_problem(tb, 5, 17, 37, 0.75f, beta, 11);
+      const std::vector<float> got = run_ref(p);
+      for (int64_t i = 0; i < p.m; ++i) {
+        for (int64_t j = 0; j < p.n; ++j) {
+          double want = 0.0;
+          for (int64_t q = 0; q < p.k; ++q) {
+            const double bv = tb ? p.b[static_cast<size_t>(j * p.ldb() + q)] : p.b[static_cast<size_t>(q * p.ldb() + j)];
+            want += static_cast<double>(p.a[static_cast<size_t>(i * p.lda() + q)]) * bv;
+          }
+          want = 0.75 * want + beta * static_cast<double>(p.c[static_cast<size_t>(i * p.ldc() + j)]);
+          INFO("tb " << tb << " beta " << beta << " row " << i << " col " << j);
+          CHECK(std::fabs(got[static_cast<size_t>(i * p.ldc() + j)] - want) <= 2e-6 * (1.0 + std::fabs(want)));
+        }
+      }
+      // The padding between rows of C is left alone.
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t j = p.n; j < p.ldc(); ++j)
+          CHECK(got[static_cast<size_t>(i * p.ldc() + j)] == p.c[static_cast<size_t>(i * p.ldc() + j)]);
+    }
+  }
+}
+
+TEST_CASE("every small_gemm build gives the reference's bits on odd shapes", "[gemm_small]") {
+  uint32_t seed = 100;
+  int builds = 0;
+  for (const SmallGemmIsa isa : {SmallGemmIsa::Avx512, SmallGemmIsa::Avx2, SmallGemmIsa::Scalar}) {
+    if (!rt::cpu::small_gemm_isa_supported(isa)) {
+      WARN("this CPU lacks the instruction set of small_gemm build " << static_cast<int>(isa) << ": not compared");
+      continue;
+    }
+    ++builds;
+    for (const bool tb : {false, true})
+      for (const int64_t m : {1, 2, 3, 4, 5, 9})
+        for (const int64_t n : {1, 3, 10, 15, 16, 17, 33, 128})
+          for (const int64_t k : {1, 5, 16, 17, 33, 96}) {
+            const float beta = (m + n + k) % 3 == 0 ? 0.0f : (m % 2 == 0 ? 1.0f : -0.5f);
+            const Problem p = make_problem(tb, m, n, k, m % 2 ? 1.0f : 0.6f, beta, seed += 3);
+            std::vector<float> got = p.c;
+            rt::cpu::small_gemm_rows_on(isa, tb, 0, m, n, k, p.alpha, p.a.data(), p.lda(), p.b.data(), p.ldb(), beta,
+                                        got.data(), p.ldc());
+            INFO("isa " << static_cast<int>(isa) << " tb " << tb << " m " << m << " n " << n << " k " << k << " beta "
+                        << beta);
+            CHECK(same_bits(got, run_ref(p)));
+          }
+  }
+  CHECK(builds >= 1);
+}
+
+TEST_CASE("a row's bits do not depend on M, its position or the thread count", "[gemm_small]") {
+  rt::ThreadPool one(1), two(2);
+  for (const bool tb : {false, true}) {
+    INFO("tb " << tb);
+    // 40 rows of K * N = 64 * 96: rows spread over two threads in blocks that start anywhere.
+    const Problem p = make_problem(tb, 40, 96, 64, 1.0f, 1.0f, 500);
+    std::vector<float> whole_one = p.c, whole_two = p.c;
+    rt::cpu::small_gemm(one, tb, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda(), p.b.data(), p.ldb(), 1.0f, whole_one.data(),
+                        p.ldc());
+    rt::cpu::small_gemm(two, tb, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda(), p.b.data(), p.ldb(), 1.0f, whole_two.data(),
+                        p.ldc());
+    CHECK(same_bits(whole_one, whole_two));
+    // Each row alone (M = 1), and rows 3..10 as a batch of their own.
+    std::vector<float> by_row = p.c;
+    for (int64_t i = 0; i < p.m; ++i)
+      rt::cpu::small_gemm(one, tb, 1, p.n, p.k, 1.0f, p.a.data() + i * p.lda(), p.lda(), p.b.data(), p.ldb(), 1.0f,
+                          by_row.data() + i * p.ldc(), p.ldc());
+    CHECK(same_bits(by_row, whole_one));
+    std::vector<float> middle = p.c;
+    rt::cpu::small_gemm(two, tb, 7, p.n, p.k, 1.0f, p.a.data() + 3 * p.lda(), p.lda(), p.b.data(), p.ldb(), 1.0f,
+                        middle.data() + 3 * p.ldc(), p.ldc());
+    for (int64_t i = 3; i < 10; ++i)
+      CHECK(std::memcmp(middle.data() + i * p.ldc(), whole_one.data() + i * p.ldc(), sizeof(float) * p.n) == 0);
+  }
+}
+
+TEST_CASE("small_gemm with beta 0 only writes C", "[gemm_small]") {
+  rt::ThreadPool pool(2);
+  const Problem p = make_problem(true, 3, 10, 20, 1.0f, 0.0f, 900);
+  std::vector<float> c(p.c.size(), std::numeric_limits<float>::quiet_NaN());
+  rt::cpu::small_gemm(pool, true, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda(), p.b.data(), p.ldb(), 0.0f, c.data(), p.ldc());
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) CHECK(std::isfinite(c[static_cast<size_t>(i * p.ldc() + j)]));
+}
+
+TEST_CASE("small_gemm applies by K and N alone, never to a transposed A or in training", "[gemm_small]") {
+  CHECK(rt::cpu::small_gemm_applies(false, 96, 128));
+  CHECK(rt::cpu::small_gemm_applies(false, 1, rt::cpu::kSmallGemmMaxB));
+  CHECK_FALSE(rt::cpu::small_gemm_applies(false, 2, rt::cpu::kSmallGemmMaxB));
+  CHECK_FALSE(rt::cpu::small_gemm_applies(true, 96, 128));
+  CHECK_FALSE(rt::cpu::small_gemm_applies(false, 0, 128));
+  rt::cpu::DeterministicBlas training;
+  CHECK_FALSE(rt::cpu::small_gemm_applies(false, 96, 128));
+}
+
+TEST_CASE("a Gemm node with a small B runs through small_gemm", "[gemm_small]") {
+  for (const int64_t trans_b : {0, 1}) {
+    INFO("transB " << trans_b);
+    const int64_t m = 3, k = 96, n = 20;
+    const Tensor a = test::random_tensor({m, k}, 41);
+    const Tensor b = test::random_tensor(trans_b ? Shape{n, k} : Shape{k, n}, 42);
+    const Tensor c = test::random_tensor({n}, 43);
+    const std::vector<Tensor> got =
+        test::run_node("Gemm", {a, b, c},
+                       {ir::Attribute::make_int("transB", trans_b), ir::Attribute::make_float("alpha", 0.5f),
+                        ir::Attribute::make_float("beta", 2.0f)},
+                       1, 17, 2);
+    // The kernel's path: Y = beta * C broadcast, then alpha * A * op(B) + 1 * Y.
+    std::vector<float> want(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) want[static_cast<size_t>(i * n + j)] = 2.0f * c.data<float>()[j];
+    rt::cpu::small_gemm_ref(trans_b != 0, 0, m, n, k, 0.5f, a.data<float>(), k, b.data<float>(), trans_b ? k : n, 1.0f,
+                            want.data(), n);
+    REQUIRE(got[0].numel() == m * n);
+    CHECK(std::memcmp(got[0].data<float>(), want.data(), want.size() * sizeof(float)) == 0);
+  }
+}
