@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <strings.h>
 #include <vector>
 
+#include "runtime/blas_kernels.h"
 #include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/executor.h"
 #include "test_util.h"
@@ -400,6 +403,48 @@ TEST_CASE("ConvTranspose with kernel equal to stride matches the reference", "[c
   check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++, DType::Float64);
   check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {}, {1, 1}, true}, seed++);
   check_transpose_case({1, 5, 4, 1, {6, 10}, {2, 2}, {2, 2}, {}, {1, 0, 0, 0}, {}, true}, seed++);
+}
+
+TEST_CASE("ConvTranspose's GEMMs go to oneDNN where OpenBLAS runs without AVX-512 on an AVX-512 CPU",
+          "[conv][transpose][onednn]") {
+  // As mpq::MatMulBias's case in matmul_test: OpenBLAS's kernel table switched to Haswell (an AMD
+  // Zen 5 machine's OPENBLAS_CORETYPE) and to SkylakeX, the process's kernels restored after.
+  if (!rt::cpu::onednn_enabled() || rt::blas_kernels_for_this_cpu() != "SkylakeX") {
+    WARN("not exercised: oneDNN is off or this CPU has no AVX-512");
+    return;
+  }
+  const std::string before = rt::ensure_blas_kernels().active;
+  if (before.empty() || strcasecmp(before.c_str(), "Cooperlake") == 0 || strcasecmp(before.c_str(), "SapphireRapids") == 0) {
+    WARN("not exercised: OpenBLAS cannot say which kernels run, or runs " << before << ", which cannot be selected back by name");
+    return;
+  }
+  struct Restore {
+    std::string kernels;
+    ~Restore() { rt::switch_blas_kernels(kernels); }
+  } restore{before};
+  uint32_t seed = 970;
+  for (const char* kernels : {"Haswell", "SkylakeX"}) {
+    INFO(kernels << " kernels");
+    REQUIRE(strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels) == 0);
+    const bool below = std::string(kernels) == "Haswell";
+    // One image on two threads, each with its output channels' rows (U-Net's upsampling at batch 1);
+    // a batch of 8, an image per task; 3 images, each GEMM split over the threads; the general
+    // path (overlapping windows, col2im); float64 always on OpenBLAS.
+    const uint64_t ran = rt::cpu::onednn_sgemm_count();
+    check_transpose_case({1, 64, 32, 1, {8, 9}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
+    const uint64_t after_one = rt::cpu::onednn_sgemm_count();
+    CHECK(after_one - ran == (below ? 2u : 0u));
+    check_transpose_case({8, 64, 32, 1, {8, 8}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++);
+    check_transpose_case({3, 64, 32, 1, {8, 8}, {2, 2}, {2, 2}, {}, {}, {}, false}, seed++);
+    const uint64_t after_batches = rt::cpu::onednn_sgemm_count();
+    CHECK(after_batches - after_one == (below ? 11u : 0u));
+    check_transpose_case({2, 5, 3, 1, {6, 7}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, {}, true}, seed++);
+    const uint64_t after_general = rt::cpu::onednn_sgemm_count();
+    CHECK(after_general - after_batches == (below ? 2u : 0u));
+    check_transpose_case({2, 5, 3, 1, {6, 7}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++, DType::Float64);
+    CHECK(rt::cpu::onednn_sgemm_count() == after_general);
+  }
+  CHECK(strcasecmp(rt::switch_blas_kernels(before).c_str(), before.c_str()) == 0);
 }
 
 TEST_CASE("ConvTranspose with kernel equal to stride gives the fill-and-add path's bits", "[conv][transpose]") {

@@ -26,6 +26,7 @@
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/cpu/quant_internal.h"
 #include "runtime/cpu/math_util.h"
+#include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/cpu/register_all.h"
 
@@ -1078,6 +1079,20 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     });
     return;
   }
+  // col[rows, Sin] = W^T X for a part of W's columns. OpenBLAS, or oneDNN where OpenBLAS runs
+  // without AVX-512 on an AVX-512 CPU (matmul_onednn.h), on the calling thread (threads 1) or
+  // split over the pool like blas_gemm_split (threads 0).
+  auto transpose_gemm = [&](int threads, int64_t rows, int64_t cols, int64_t inner, const T* wt, int64_t ldw,
+                            const T* xt, T* col) {
+    if constexpr (std::is_same_v<T, float>) {
+      const int team = threads == 1 || blas_runs_single_threaded(rows, cols, inner) ? 1 : pool.size();
+      if (onednn_sgemm_below_cpu(team, true, false, rows, cols, inner, 1.0f, wt, ldw, xt, cols, 0.0f, col, cols)) return;
+    }
+    if (threads == 1)
+      blas_gemm(true, false, rows, cols, inner, T(1), wt, ldw, xt, cols, T(0), col, cols);
+    else
+      blas_gemm_split(pool, true, false, rows, cols, inner, T(1), wt, ldw, xt, cols, T(0), col, cols);
+  };
   // One (image, group) with kernel equal to stride on several threads (U-Net's upsampling at
   // batch 1): each thread takes whole output channels, their GEMM rows and their interleave, in
   // one parallel region, so it reads back the columns it wrote. Splitting the GEMM and then the
@@ -1092,15 +1107,14 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     pool.run_per_thread(parts, [&](int part) {
       const int64_t m0 = Mg * part / parts, m1 = Mg * (part + 1) / parts;
       if (m1 <= m0) return;
-      blas_gemm(true, false, (m1 - m0) * K, Sin, Cg, T(1), wp + m0 * K, MgK, xp, Sin, T(0), col + m0 * K * Sin, Sin);
+      transpose_gemm(1, (m1 - m0) * K, Sin, Cg, wp + m0 * K, MgK, xp, col + m0 * K * Sin);
       interleave_channels(col, m0, m1, g, bp, yp);
     });
     return;
   }
   auto one_task = [&](int64_t t, T* col) {
     const int64_t n = t / G, gi = t % G;
-    blas_gemm_split(pool, true, false, MgK, Sin, Cg, T(1), wp + gi * Cg * MgK, MgK, xp + (n * C + gi * Cg) * Sin, Sin,
-                    T(0), col, Sin);
+    transpose_gemm(0, MgK, Sin, Cg, wp + gi * Cg * MgK, MgK, xp + (n * C + gi * Cg) * Sin, col);
     if (kernel_stride)
       col2im_kernel_is_stride(pool, col, Mg, g, bp ? bp + gi * Mg : nullptr, yp + (n * M + gi * Mg) * S);
     else

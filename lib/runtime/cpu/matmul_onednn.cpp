@@ -1,5 +1,6 @@
 #include "runtime/cpu/matmul_onednn.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "runtime/blas_kernels.h"
@@ -18,10 +19,12 @@ namespace mpq::rt::cpu {
 namespace {
 std::atomic<uint64_t> g_matmul_count{0};
 std::atomic<uint64_t> g_pack_count{0};
+std::atomic<uint64_t> g_sgemm_count{0};
 }  // namespace
 
 uint64_t onednn_matmul_count() { return g_matmul_count.load(std::memory_order_relaxed); }
 uint64_t onednn_matmul_pack_count() { return g_pack_count.load(std::memory_order_relaxed); }
+uint64_t onednn_sgemm_count() { return g_sgemm_count.load(std::memory_order_relaxed); }
 
 #if !MPQ_HAVE_ONEDNN
 
@@ -30,6 +33,10 @@ OnednnMatmulState::OnednnMatmulState() = default;
 OnednnMatmulState::~OnednnMatmulState() = default;
 bool onednn_matmul_bias(ThreadPool&, int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
                         OnednnMatmulState&) {
+  return false;
+}
+bool onednn_sgemm_below_cpu(int, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                            int64_t, float, float*, int64_t) {
   return false;
 }
 
@@ -82,6 +89,19 @@ float* aligned(std::vector<float>& buf, size_t bytes) {
 }
 
 }  // namespace
+
+bool onednn_sgemm_below_cpu(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc) {
+  if (!blas_kernels_below_cpu() || deterministic_blas() || !onednn_enabled() || !onednn_allowed_here()) return false;
+  // oneDNN's sgemm runs on the calling thread's OpenMP team (on one thread inside a parallel loop).
+  const int team = std::max(threads, 1);
+  if (!omp_in_parallel() && omp_get_max_threads() != team) omp_set_num_threads(team);
+  if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) != dnnl_success)
+    return false;
+  g_sgemm_count.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* a, const float* w,
                         const float* bias, float* y, OnednnMatmulState& state) {

@@ -32,9 +32,23 @@ class OnednnMatmulState {
 bool onednn_matmul_bias(ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* a, const float* w,
                         const float* bias, float* y, OnednnMatmulState& state);
 
+// C = alpha * op(A) * op(B) + beta * C (row-major) by oneDNN's sgemm on `threads` threads (one
+// inside a parallel loop), where OpenBLAS runs kernels without AVX-512 on an AVX-512 CPU
+// (blas_kernels_below_cpu) and oneDNN is enabled and allowed here, outside training (a
+// DeterministicBlas scope keeps OpenBLAS); returns false, computing nothing, otherwise. For
+// ConvTranspose's GEMMs (runtime/cpu/conv.cpp): U-Net's upsampling at batch 8 (W^T X, 128 x 64 x 64
+// per image), one thread, 89 us on OpenBLAS's Haswell kernels, 55 on oneDNN (ONNX Runtime 57). Not
+// for every GEMM: a transformer's per-head products, a few thousand multiply-adds each, were slower
+// (the transformer at batch 8 190 -> 204 us), and with OpenBLAS's AVX-512 kernels OpenBLAS is the
+// faster (the same ConvTranspose 51 against 58 us).
+bool onednn_sgemm_below_cpu(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc);
+
 // How many products oneDNN has run in this process, and how many times it packed a B (tests check
 // which path a shape took and that B is packed once).
 uint64_t onednn_matmul_count();
 uint64_t onednn_matmul_pack_count();
+uint64_t onednn_sgemm_count();  // calls of onednn_sgemm_below_cpu that ran
 
 }  // namespace mpq::rt::cpu
