@@ -1,7 +1,7 @@
 // The small-B Gemm kernel (runtime/cpu/gemm_small): every instruction-set build against the scalar
 // reference bit for bit, the reference against a float64 product, each row's bits independent of
 // M, of the row's position and of the thread count, beta 0 never reading C, when it applies, and
-// the Gemm node running through it.
+// the Gemm and MatMul nodes running through it.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -172,4 +172,26 @@ TEST_CASE("a Gemm node with a small B runs through small_gemm", "[gemm_small]") 
     REQUIRE(got[0].numel() == m * n);
     CHECK(std::memcmp(got[0].data<float>(), want.data(), want.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("MatMul with a small B runs through small_gemm, per batch entry and with B shared", "[gemm_small]") {
+  // Attention's per-head products ([2, 3, 5, 16] x [2, 3, 16, 7]) and a projection whose B is shared
+  // by every row ([2, 5, 16] x [16, 7], one GEMM of 10 rows).
+  const Tensor a = test::random_tensor({2, 3, 5, 16}, 61);
+  const Tensor b = test::random_tensor({2, 3, 16, 7}, 62);
+  const std::vector<Tensor> heads = test::run_node("MatMul", {a, b}, {}, 1, 17, 2);
+  REQUIRE(heads[0].shape() == Shape{2, 3, 5, 7});
+  std::vector<float> want(static_cast<size_t>(6 * 5 * 7));
+  for (int64_t t = 0; t < 6; ++t)
+    rt::cpu::small_gemm_ref(false, 0, 5, 7, 16, 1.0f, a.data<float>() + t * 5 * 16, 16, b.data<float>() + t * 16 * 7, 7,
+                            0.0f, want.data() + t * 5 * 7, 7);
+  CHECK(std::memcmp(heads[0].data<float>(), want.data(), want.size() * sizeof(float)) == 0);
+
+  const Tensor rows = test::random_tensor({2, 5, 16}, 63);
+  const Tensor shared = test::random_tensor({16, 7}, 64);
+  const std::vector<Tensor> projected = test::run_node("MatMul", {rows, shared}, {}, 1, 17, 2);
+  std::vector<float> want_rows(static_cast<size_t>(10 * 7));
+  rt::cpu::small_gemm_ref(false, 0, 10, 7, 16, 1.0f, rows.data<float>(), 16, shared.data<float>(), 7, 0.0f,
+                          want_rows.data(), 7);
+  CHECK(std::memcmp(projected[0].data<float>(), want_rows.data(), want_rows.size() * sizeof(float)) == 0);
 }

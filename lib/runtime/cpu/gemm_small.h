@@ -1,7 +1,8 @@
 #pragma once
-// Float32 Gemm with a small right operand (a classifier head: [1, 96] x [96, 128]^T) in mpq's own
-// kernel instead of OpenBLAS. OpenBLAS's sgemm packs both operands on every call whatever M is: a
-// batch-1 head took 2.5 us there against about 0.3 us here.
+// Float32 Gemm and MatMul with a small right operand (a classifier head, [1, 96] x [96, 128]^T;
+// attention's per-head products, [16, 16] x [16, 16]) in mpq's own kernel instead of OpenBLAS.
+// OpenBLAS's sgemm packs both operands on every call whatever M is: a batch-1 head took 2.8 us
+// there against 0.6 us here, and the transformer's attention MatMuls 3.9 against 2.2 us a run.
 //
 // Every row of C is computed by the same arithmetic whatever M, the row's position and the thread
 // count: the executor's batch split (a batch cut into rows, one part per thread, runtime/batch_rows)
@@ -27,7 +28,7 @@ namespace mpq::rt::cpu {
 // B's size (K * N) up to which Gemm runs here: 64 KiB, within a core's L2 with room for A and C.
 inline constexpr int64_t kSmallGemmMaxB = 16384;
 
-// Whether float32 Gemm with these dimensions runs in small_gemm: A not transposed, K * N at most
+// Whether float32 Gemm or MatMul with these dimensions runs in small_gemm: A not transposed, K * N at most
 // kSmallGemmMaxB, and outside training (a DeterministicBlas scope keeps OpenBLAS there, whose sums
 // the emulated CUDA path is compared with). M plays no part (see above).
 bool small_gemm_applies(bool ta, int64_t k, int64_t n);

@@ -1,6 +1,6 @@
-// Gemm and MatMul. Float32 goes to cblas_sgemm and float64 to cblas_dgemm, except float32 Gemm
-// with a small B (a classifier head), which runs in mpq's own kernel (gemm_small.h); integer types
-// use a plain loop (wrapping two's-complement arithmetic, as ONNX Runtime). float16/bfloat16 run in
+// Gemm and MatMul. Float32 goes to cblas_sgemm and float64 to cblas_dgemm, except float32 products
+// with a small B (a classifier head, attention's per-head products), which run in mpq's own kernel
+// (gemm_small.h); integer types use a plain loop (wrapping two's-complement arithmetic, as ONNX Runtime). float16/bfloat16 run in
 // float32 through the executor.
 //
 // MatMul with a 2-D right operand folds A's batch dimensions into M (one GEMM); otherwise one GEMM
@@ -188,12 +188,29 @@ void matmul_kernel(KernelContext& ctx) {
       return;
     }
     if constexpr (std::is_floating_point_v<T>) {
+      // A small B (attention's per-head products, 16 x 16 x 16 in the shipped transformers) in
+      // mpq's own kernel, whose rows do not depend on how many there are (gemm_small.h).
+      bool small = false;
+      if constexpr (std::is_same_v<T, float>) small = small_gemm_applies(false, K, N);
       if (nbb == 1 && nba == nb) {
         // B shared by every batch entry and A contiguous: one [nb*M, K] x [K, N] GEMM.
+        if constexpr (std::is_same_v<T, float>) {
+          if (small) {
+            small_gemm(ctx.pool(), false, nb * M, N, K, 1.0f, ap, K, bp, N, 0.0f, yp, N);
+            return;
+          }
+        }
         blas_gemm_rows(ctx.pool(), false, false, nb * M, N, K, T(1), ap, K, bp, N, T(0), yp, N);
         return;
       }
       auto one = [&](int64_t t) {
+        if constexpr (std::is_same_v<T, float>) {
+          if (small) {
+            small_gemm(ctx.pool(), false, M, N, K, 1.0f, ap + aoff[static_cast<size_t>(t)], K,
+                       bp + boff[static_cast<size_t>(t)], N, 0.0f, yp + t * M * N, N);
+            return;
+          }
+        }
         blas_gemm_split(ctx.pool(), false, false, M, N, K, T(1), ap + aoff[static_cast<size_t>(t)], K,
                         bp + boff[static_cast<size_t>(t)], N, T(0), yp + t * M * N, N);
       };
