@@ -245,12 +245,14 @@ TEST_CASE("mpq::MatMulBias with constant B: oneDNN (packed once) and OpenBLAS ma
     Shape a;
     int64_t n;
     bool scalar_bias;
-    bool onednn;  // large enough for oneDNN, per-column bias
+    bool onednn;  // large enough for oneDNN, per-column bias, B over kSmallGemmMaxB
   };
-  const std::vector<Case> cases = {{{8, 16, 64}, 192, false, true},   // a transformer's QKV projection at batch 8
-                                   {{3, 37, 71}, 95, false, true},    // odd sizes
-                                   {{111, 128}, 64, true, false},     // one bias for all: OpenBLAS
-                                   {{4, 8}, 8, false, false}};        // too small to pay: OpenBLAS
+  const std::vector<Case> cases = {{{8, 16, 128}, 192, false, true},  // a QKV projection (width 128) at batch 8
+                                   {{3, 37, 131}, 135, false, true},  // odd sizes
+                                   {{8, 16, 64}, 192, false, false},  // width 64: B small, mpq's own kernel
+                                   {{111, 160}, 128, true, false},    // one bias for all: OpenBLAS
+                                   {{111, 128}, 64, true, false},     // one bias for all, B small
+                                   {{4, 8}, 8, false, false}};        // B small
   uint32_t seed = 40;
   for (const Case& c : cases)
     for (const int threads : {1, 2}) {
@@ -306,7 +308,8 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
     int64_t m, k, n;
     bool onednn_below_cpu;  // with AVX2 kernels: oneDNN; with AVX-512 kernels every case is OpenBLAS's
   };
-  const std::vector<Case> cases = {{16, 64, 64, true}, {17, 64, 129, true}, {16, 32, 64, false}, {5, 3, 7, false}};
+  // B over kSmallGemmMaxB (16K) throughout, except the last (mpq's own kernel either way).
+  const std::vector<Case> cases = {{4, 128, 160, true}, {3, 130, 129, true}, {2, 130, 129, false}, {5, 3, 7, false}};
   uint32_t seed = 90;
   for (const char* kernels : {"Haswell", "SkylakeX"}) {
     REQUIRE(strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels) == 0);
@@ -332,17 +335,19 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
 
 TEST_CASE("mpq::MatMulBias on oneDNN: another batch size on the same node replans and stays right",
           "[matmul][onednn]") {
-  // A transformer's projection at batch 8, 3, 8, 5 tokens x 16 on one executor: each run must
-  // match the reference, whatever was planned and packed for the run before.
-  const Tensor b = test::random_tensor({64, 192}, 61, -1.0f, 1.0f);
+  // A transformer's projection (width 128, B over kSmallGemmMaxB) at batch 8, 3, 8, 5 tokens x 16
+  // on one executor: each run must match the reference, whatever was planned and packed for the
+  // run before.
+  const Tensor b = test::random_tensor({128, 192}, 61, -1.0f, 1.0f);
   const Tensor bias = test::random_tensor({192}, 62, -1.0f, 1.0f);
   std::vector<Tensor> as;
   uint32_t seed = 63;
-  for (const int64_t batch : {8, 3, 8, 5}) as.push_back(test::random_tensor({batch, 16, 64}, seed++, -1.0f, 1.0f));
+  for (const int64_t batch : {8, 3, 8, 5}) as.push_back(test::random_tensor({batch, 16, 128}, seed++, -1.0f, 1.0f));
   for (const int threads : {1, 2}) {
     INFO(threads << " thread(s)");
-    const uint64_t packs_before = rt::cpu::onednn_matmul_pack_count();
+    const uint64_t packs_before = rt::cpu::onednn_matmul_pack_count(), ran_before = rt::cpu::onednn_matmul_count();
     const auto got = run_matmul_bias_each(as, b, bias, threads);
+    CHECK(rt::cpu::onednn_matmul_count() - ran_before == (rt::cpu::onednn_enabled() ? as.size() : 0u));
     // Packed again only where a batch size changed oneDNN's layout for B: at most once per run.
     CHECK(rt::cpu::onednn_matmul_pack_count() - packs_before <= as.size());
     for (size_t i = 0; i < as.size(); ++i) {

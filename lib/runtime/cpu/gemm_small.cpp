@@ -130,6 +130,10 @@ __attribute__((target("avx512f"), noinline)) void rows_avx512(bool tb, int64_t r
   int64_t i = r0;
   if (!tb) {
     const int64_t n32 = n / 32 * 32, n16 = n / 16 * 16;
+    for (; i + 8 <= r1; i += 8) {
+      for (int64_t j = 0; j < n32; j += 32) nn_tile_avx512<8, 2>(a + i * lda, lda, b + j, ldb, k, alpha, beta, c + i * ldc + j, ldc);
+      if (n16 > n32) nn_tile_avx512<8, 1>(a + i * lda, lda, b + n32, ldb, k, alpha, beta, c + i * ldc + n32, ldc);
+    }
     for (; i + 4 <= r1; i += 4) {
       for (int64_t j = 0; j < n32; j += 32) nn_tile_avx512<4, 2>(a + i * lda, lda, b + j, ldb, k, alpha, beta, c + i * ldc + j, ldc);
       if (n16 > n32) nn_tile_avx512<4, 1>(a + i * lda, lda, b + n32, ldb, k, alpha, beta, c + i * ldc + n32, ldc);
@@ -249,7 +253,7 @@ bool small_gemm_applies(bool ta, int64_t k, int64_t n) {
 void small_gemm(ThreadPool& pool, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(n * k, 1));
+  const int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(n * k, 1));
   const SmallGemmIsa isa = small_gemm_isa();
   pool.parallel_for(m, grain, [&](int64_t r0, int64_t r1) {
     small_gemm_rows_on(isa, tb, r0, r1, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -1,8 +1,11 @@
 #pragma once
-// Float32 Gemm and MatMul with a small right operand (a classifier head, [1, 96] x [96, 128]^T;
-// attention's per-head products, [16, 16] x [16, 16]) in mpq's own kernel instead of OpenBLAS.
-// OpenBLAS's sgemm packs both operands on every call whatever M is: a batch-1 head took 2.8 us
-// there against 0.6 us here, and the transformer's attention MatMuls 3.9 against 2.2 us a run.
+// Float32 Gemm, MatMul and mpq::MatMulBias with a small right operand (a classifier head, [1, 96]
+// x [96, 128]^T; attention's per-head products, [16, 16] x [16, 16]; a small transformer's
+// projections, [16, 64] x [64, 192]) in mpq's own kernel instead of OpenBLAS or oneDNN. OpenBLAS's
+// sgemm packs both operands on every call whatever M is: a batch-1 head took 2.8 us there against
+// 0.6 us here, and the transformer's attention MatMuls 3.9 against 2.2 us a run. oneDNN's matmul
+// call costs more than such a product at batch 1 (the transformer 37.9 -> 33.3 us); from batch 8
+// the two are level.
 //
 // Every row of C is computed by the same arithmetic whatever M, the row's position and the thread
 // count: the executor's batch split (a batch cut into rows, one part per thread, runtime/batch_rows)
@@ -28,13 +31,14 @@ namespace mpq::rt::cpu {
 // B's size (K * N) up to which Gemm runs here: 64 KiB, within a core's L2 with room for A and C.
 inline constexpr int64_t kSmallGemmMaxB = 16384;
 
-// Whether float32 Gemm or MatMul with these dimensions runs in small_gemm: A not transposed, K * N at most
+// Whether a float32 product with these dimensions runs in small_gemm: A not transposed, K * N at most
 // kSmallGemmMaxB, and outside training (a DeterministicBlas scope keeps OpenBLAS there, whose sums
 // the emulated CUDA path is compared with). M plays no part (see above).
 bool small_gemm_applies(bool ta, int64_t k, int64_t n);
 
 // C[m, n] = alpha * sum_k A[m, k] * op(B)[k, n] + beta * C[m, n] (beta 0: C is only written), rows
-// spread over the pool in blocks from 64K multiply-adds.
+// spread over the pool in blocks from 256K multiply-adds (a transformer's projection at batch 1,
+// 16 x 64 x 192, split over two threads took longer than on one: 36.0 against 32.8 us a run).
 void small_gemm(ThreadPool& pool, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -243,6 +243,8 @@ void matmul_kernel(KernelContext& ctx) {
 // passes/fuse_matmul_bias in `mpq run`. Y starts as the bias rows and the GEMM accumulates onto it
 // (beta = 1): OpenBLAS then skips its pass that zeroes C, and the Add's pass is gone too. With K
 // inside one of OpenBLAS's blocks the sum is rounded once and then added to the bias, as before.
+// A small B (gemm_small.h) runs in mpq's own kernel, a large one on oneDNN (matmul_onednn.h) or
+// OpenBLAS.
 void matmul_bias_compute(KernelContext& ctx, OnednnMatmulState* state) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
@@ -266,7 +268,10 @@ void matmul_bias_compute(KernelContext& ctx, OnednnMatmulState* state) {
   float* yp = y.data<float>();
   const float* bp = bias.data<float>();
   const bool per_column = bias.numel() == N;
-  if (state && per_column && K > 0 &&
+  // A small B in mpq's own kernel (gemm_small.h) before oneDNN: at a transformer's batch 1 (M 16,
+  // K * N 4-12K) oneDNN's call costs more than the product; from batch 8 the two are level.
+  const bool small = K > 0 && small_gemm_applies(false, K, N);
+  if (!small && state && per_column && K > 0 &&
       onednn_matmul_bias(ctx.pool(), M, K, N, a.data<float>(), b.data<float>(), bp, yp, *state))
     return;
   ctx.pool().parallel_for(M, std::max<int64_t>(1, 16384 / N), [&](int64_t lo, int64_t hi) {
@@ -279,6 +284,10 @@ void matmul_bias_compute(KernelContext& ctx, OnednnMatmulState* state) {
     }
   });
   if (K == 0) return;
+  if (small) {
+    small_gemm(ctx.pool(), false, M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 1.0f, yp, N);
+    return;
+  }
   blas_gemm_rows(ctx.pool(), false, false, M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 1.0f, yp, N);
 }
 

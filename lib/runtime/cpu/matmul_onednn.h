@@ -5,7 +5,8 @@
 // 0.5-1.6M multiply-adds (M 128, K 64-128, N 64-192: a batch of 8 x 16 tokens); at batch 1 (M 16,
 // 130-200K) the two are within 0.2 us either way, so products under 256K stay with OpenBLAS.
 // Where OpenBLAS runs kernels without AVX-512 on an AVX-512 CPU (blas_kernels_below_cpu), oneDNN is
-// faster from about 40K (2.2x at 200K), and products from 48K go to it.
+// faster from about 40K (2.2x at 200K), and products from 48K go to it. Products whose B has at
+// most kSmallGemmMaxB values (runtime/cpu/gemm_small.h) run in mpq's own kernel before either.
 // Like the convolutions, a call sets the OpenMP team size (omp_set_num_threads) for its thread and
 // leaves it so; mpq's thread pool names its team size on every loop.
 #include <cstdint>
