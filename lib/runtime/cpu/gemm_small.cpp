@@ -18,20 +18,22 @@ namespace {
 
 constexpr int kLanes = 16;  // the partial sums of a transposed-B dot product, whatever the ISA
 
-inline float finish(float acc, float alpha, float beta, const float* c) {
+// The scalar pieces are always inlined: inside the AVX-512 and AVX2 builds (the columns and sums
+// left over from their vectors) std::fma is then one instruction, not a call into libm.
+__attribute__((always_inline)) inline float finish(float acc, float alpha, float beta, const float* c) {
   const float v = alpha * acc;
   return beta == 0.0f ? v : v + beta * *c;
 }
 
 // One element of C with B not transposed: k in order.
-inline float nn_element(const float* arow, const float* b, int64_t ldb, int64_t col, int64_t k) {
+__attribute__((always_inline)) inline float nn_element(const float* arow, const float* b, int64_t ldb, int64_t col, int64_t k) {
   float acc = 0.0f;
   for (int64_t p = 0; p < k; ++p) acc = std::fma(arow[p], b[p * ldb + col], acc);
   return acc;
 }
 
 // One element of C with B transposed: sixteen lanes, their tree, then the tail.
-inline float nt_element(const float* arow, const float* brow, int64_t k) {
+__attribute__((always_inline)) inline float nt_element(const float* arow, const float* brow, int64_t k) {
   const int64_t k16 = k / kLanes * kLanes;
   float lane[kLanes] = {};
   for (int64_t p = 0; p < k16; ++p) lane[p % kLanes] = std::fma(arow[p], brow[p], lane[p % kLanes]);
@@ -43,7 +45,7 @@ inline float nt_element(const float* arow, const float* brow, int64_t k) {
 }
 
 // The columns [c0, n) of rows [r0, r1) by the scalar loops (the vector kernels' leftover columns).
-void scalar_columns(bool tb, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t k, float alpha, const float* a,
+__attribute__((always_inline)) inline void scalar_columns(bool tb, int64_t r0, int64_t r1, int64_t c0, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   for (int64_t i = r0; i < r1; ++i) {
     const float* arow = a + i * lda;
@@ -247,7 +249,9 @@ __attribute__((target("avx2,fma"), noinline)) void rows_avx2(bool tb, int64_t r0
 }  // namespace
 
 bool small_gemm_applies(bool ta, int64_t k, int64_t n) {
-  return !ta && k > 0 && n > 0 && k * n <= kSmallGemmMaxB && !deterministic_blas();
+  // Without AVX2 and FMA the scalar loop (a libm call per multiply-add) would be slower than OpenBLAS.
+  return !ta && k > 0 && n > 0 && k * n <= kSmallGemmMaxB && !deterministic_blas() &&
+         small_gemm_isa() != SmallGemmIsa::Scalar;
 }
 
 void small_gemm(ThreadPool& pool, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

@@ -33,7 +33,8 @@ inline constexpr int64_t kSmallGemmMaxB = 16384;
 
 // Whether a float32 product with these dimensions runs in small_gemm: A not transposed, K * N at most
 // kSmallGemmMaxB, and outside training (a DeterministicBlas scope keeps OpenBLAS there, whose sums
-// the emulated CUDA path is compared with). M plays no part (see above).
+// the emulated CUDA path is compared with), on a CPU with AVX2 and FMA at least. M plays no part
+// (see above).
 bool small_gemm_applies(bool ta, int64_t k, int64_t n);
 
 // C[m, n] = alpha * sum_k A[m, k] * op(B)[k, n] + beta * C[m, n] (beta 0: C is only written), rows
