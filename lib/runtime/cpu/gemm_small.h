@@ -14,11 +14,12 @@
 //
 // The order of each sum is fixed (and is what small_gemm_ref computes, bit for bit):
 // - B not transposed (B[k, n], N contiguous): acc = fma(a[k], b[k, n], acc) for k = 0, 1, ..., K - 1;
-// - B transposed (B[n, k], K contiguous): sixteen partial sums, lane j = fma over k = j, j + 16, ...
-//   below K rounded down to 16; the lanes added as a tree (j + 8 onto j, then + 4, + 2, + 1); then
-//   the remaining k one by one with fma.
+// - B transposed (B[n, k], K contiguous): K padded with zeros to a multiple of 16, sixteen partial
+//   sums, lane j = fma over k = j, j + 16, ... (fma(0, 0, s) beyond K, as a masked vector load
+//   gives); the lanes added as a tree (j + 8 onto j, then + 4, + 2, + 1).
 // Then C = alpha * acc (beta 0, C not read) or alpha * acc + beta * C, multiply and add rounded
-// apart. AVX-512 and AVX2 (as two halves of the sixteen lanes) give the same bits as the reference.
+// apart. AVX-512 and AVX2 (as two halves of the sixteen lanes) give the same bits as the reference;
+// columns and sums left over from whole vectors are masked vector loads and stores, not scalar loops.
 // Not a public API.
 #include <cstdint>
 
