@@ -5,6 +5,7 @@
 // adjoint identity <conv(x), y> == <x, conv_transpose(y)>; malformed nodes rejected.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "runtime/blas_kernels.h"
+#include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/gemm_small.h"
 #include "runtime/cpu/matmul_onednn.h"
 #include "runtime/cpu/reference.h"
 #include "runtime/executor.h"
@@ -336,6 +339,58 @@ TEST_CASE("Conv rejects malformed nodes", "[conv][negative]") {
     CHECK(e.kind() == ErrorKind::BadInput);
     CHECK(std::string(e.what()).find("node") != std::string::npos);
   }
+}
+
+// ---------------------------------------------------------------- one pixel in, one out
+
+// A 1x1 convolution of a single pixel (a squeeze-and-excitation block's) is a product with a small
+// B in mpq's own kernel: the bits of small_gemm_ref with the bias as C, then the epilogue; plain
+// and channels-last tensors alike; a batch's rows each as alone; blocked ones, groups and a second
+// pixel elsewhere.
+TEST_CASE("a 1x1 convolution of one pixel runs as a small-B product", "[conv][gemm_small]") {
+  if (!rt::cpu::small_gemm_applies(false, 40, 24)) {
+    WARN("not exercised: products stay with OpenBLAS on this CPU");
+    return;
+  }
+  const int64_t n = 3, c = 40, m = 24;
+  const Tensor x = test::random_tensor({n, c, 1, 1}, 71, -2.0f, 2.0f);
+  const Tensor w = test::random_tensor({m, c, 1, 1}, 72);
+  const Tensor b = test::random_tensor({m}, 73);
+  std::vector<float> want(static_cast<size_t>(n * m));
+  for (int64_t i = 0; i < n; ++i) std::copy(b.data<float>(), b.data<float>() + m, want.begin() + i * m);
+  rt::cpu::small_gemm_ref(true, 0, n, m, c, 1.0f, x.data<float>(), c, w.data<float>(), c, 1.0f, want.data(), m);
+  auto same = [&](const Tensor& got, const std::vector<float>& expect) {
+    return got.numel() == static_cast<int64_t>(expect.size()) &&
+           std::memcmp(got.data<float>(), expect.data(), expect.size() * sizeof(float)) == 0;
+  };
+  const uint64_t onednn_before = rt::cpu::onednn_conv_count();
+  CHECK(same(run_node("Conv", {x, w, b}, {})[0], want));
+  // 1-D, and every image alone: the same bits.
+  CHECK(same(run_node("Conv", {x.reshaped({n, c, 1}), w.reshaped({m, c, 1}), b}, {})[0], want));
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor image = Tensor::from<float>({1, c, 1, 1}, std::vector<float>(x.data<float>() + i * c, x.data<float>() + (i + 1) * c));
+    const Tensor one = run_node("Conv", {image, w, b}, {})[0];
+    CHECK(std::memcmp(one.data<float>(), want.data() + i * m, sizeof(float) * m) == 0);
+  }
+  // mpq::FusedConv with Relu and a residual Z, plain and channels-last.
+  const Tensor z = test::random_tensor({n, m, 1, 1}, 74);
+  std::vector<float> fused = want;
+  for (size_t i = 0; i < fused.size(); ++i) fused[i] = std::max(0.0f, fused[i] + z.data<float>()[i]);
+  for (const int64_t layout : {int64_t{0}, rt::cpu::kChannelsLast}) {
+    INFO("layout " << layout);
+    const Attrs attrs{ir::Attribute::make_string("activation", "Relu"), ir::Attribute::make_int("x_block", layout),
+                      ir::Attribute::make_int("z_block", layout), ir::Attribute::make_int("y_block", layout)};
+    const Tensor got = test::run_node("FusedConv", {x, w, b, z}, attrs, 1, 17, 2, "mpq")[0];
+    for (size_t i = 0; i < fused.size(); ++i) {
+      INFO("element " << i);
+      CHECK(got.data<float>()[i] == fused[i]);
+    }
+  }
+  CHECK(rt::cpu::onednn_conv_count() == onednn_before);
+  // Not this path (checked against the reference): groups, a 2x1 image, a 3x3 kernel on one padded pixel.
+  check_conv_case({n, c, m, 2, {1, 1}, {1, 1}, {}, {}, {}, true}, 75);
+  check_conv_case({n, c, m, 1, {2, 1}, {1, 1}, {}, {}, {}, true}, 76);
+  check_conv_case({n, c, m, 1, {1, 1}, {3, 3}, {}, {}, {1, 1, 1, 1}, true}, 77);
 }
 
 // ---------------------------------------------------------------- ConvTranspose

@@ -24,6 +24,7 @@
 #include "runtime/cpu/channel_blocks.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/conv_onednn.h"
+#include "runtime/cpu/gemm_small.h"
 #include "runtime/cpu/quant_internal.h"
 #include "runtime/cpu/math_util.h"
 #include "runtime/cpu/matmul_onednn.h"
@@ -761,6 +762,32 @@ void prepare_conv(const KernelContext& ctx, const Tensor& x, const Tensor& w, co
   st.dtype = x.dtype();
 }
 
+// A 1x1 convolution of one pixel into one (a squeeze-and-excitation block's two after its global
+// pooling) is Y[n, :] = W X[n, :] + b: a product with a small B in mpq's own kernel
+// (gemm_small.h), then the epilogue. oneDNN's call cost more than the product there: MobileNetV3's
+// six at batch 1 took 0.7-1.0 us each (--profile-nodes). Plain and channels-last tensors of one
+// pixel hold the same values in the same order; channel-blocked ones are left to oneDNN. The
+// choice depends on the shapes of one image, never on the batch, whose rows the kernel computes
+// alike (the executor's batch split keeps its bits).
+bool single_pixel_product(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, const ConvSetup& st,
+                          const Epilogue& epi) {
+  if (x.dtype() != DType::Float32 || st.G != 1 || epi.int8 != nullptr || st.C == 0 || st.M == 0) return false;
+  for (const int64_t layout : {st.io.x, st.io.y, st.io.z})
+    if (layout != 0 && layout != kChannelsLast) return false;
+  for (size_t d = 0; d < st.win.rank(); ++d)
+    if (st.win.in[d] != 1 || st.win.kernel[d] != 1 || st.win.out[d] != 1) return false;
+  if (!small_gemm_applies(false, st.C, st.M)) return false;
+  Tensor& y = ctx.alloc_output(0, x.dtype(), st.yshape);
+  const int64_t N = x.dim(0), C = st.C, M = st.M;
+  if (N == 0) return true;
+  float* yp = y.data<float>();
+  if (b)
+    for (int64_t n = 0; n < N; ++n) std::copy(b->data<float>(), b->data<float>() + M, yp + n * M);
+  small_gemm(ctx.pool(), true, N, M, C, 1.0f, x.data<float>(), C, w.data<float>(), C, b ? 1.0f : 0.0f, yp, M);
+  apply_epilogue_all(ctx.pool(), epi, yp, y.numel());
+  return true;
+}
+
 void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights, ConvSetup* memo) {
   const Tensor& x = ctx.input(0);
   const Tensor& w = ctx.input(1);
@@ -780,6 +807,7 @@ void conv_compute(KernelContext& ctx, OnednnConvState* constant_weights, ConvSet
   Epilogue epi = st.epi;
   epi.z = zt ? zt->raw_data() : nullptr;
   const BlockedIo& io = st.io;
+  if (single_pixel_product(ctx, x, w, b, st, epi)) return;
   if (io.any()) {
     // Y = conv(...) + Z in place of a Z that dies here: oneDNN's sum post-op adds what Y holds,
     // so Y needs no copy of Z first. Only where Z and Y share a layout (then oneDNN reorders
