@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 
 #include "ir/onnx_io.h"
 #include "ir/onnx_tools.h"
+#include "runtime/blas_kernels.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 
 namespace mpq::test {
@@ -189,5 +192,26 @@ std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& i
   rt::Executor ex(m, opt);
   return ex.run(feeds);
 }
+
+BlasKernelSwitch::BlasKernelSwitch() {
+  if (!rt::cpu::onednn_enabled() || rt::blas_kernels_for_this_cpu() != "SkylakeX") {
+    why_ = "oneDNN is off or this CPU has no AVX-512";
+    return;
+  }
+  before_ = rt::ensure_blas_kernels().active;
+  if (before_.empty() || strcasecmp(before_.c_str(), "Cooperlake") == 0 ||
+      strcasecmp(before_.c_str(), "SapphireRapids") == 0)
+    why_ = "OpenBLAS cannot say which kernels run, or runs " + before_ + ", which cannot be selected back by name";
+}
+
+BlasKernelSwitch::~BlasKernelSwitch() {
+  if (usable()) rt::switch_blas_kernels(before_);
+}
+
+bool BlasKernelSwitch::to(const std::string& kernels) {
+  return usable() && strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels.c_str()) == 0;
+}
+
+bool BlasKernelSwitch::restore() { return to(before_); }
 
 }  // namespace mpq::test

@@ -75,4 +75,25 @@ std::vector<Tensor> run_node(const std::string& op, const std::vector<Tensor>& i
                              const std::vector<ir::Attribute>& attrs, size_t n_outputs, int opset, int threads,
                              const std::string& domain = "");
 
+// Switches OpenBLAS's kernel table (runtime/blas_kernels) for a test of which path a product takes:
+// to Haswell (AVX2 on an AVX-512 CPU, as an AMD Zen 5 machine's OPENBLAS_CORETYPE holds it, where
+// blas_kernels_below_cpu() is true) and to SkylakeX. Puts the process's kernels back when it goes,
+// a failed REQUIRE included. Not usable (why() says so) where oneDNN is off, the CPU has no
+// AVX-512, or OpenBLAS runs kernels it cannot select back by name (0.3.21 stops short of
+// Cooperlake).
+class BlasKernelSwitch {
+ public:
+  BlasKernelSwitch();
+  ~BlasKernelSwitch();
+  BlasKernelSwitch(const BlasKernelSwitch&) = delete;
+  BlasKernelSwitch& operator=(const BlasKernelSwitch&) = delete;
+  bool usable() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+  bool to(const std::string& kernels);  // whether they now run
+  bool restore();                       // whether the process's kernels run again
+
+ private:
+  std::string before_, why_;
+};
+
 }  // namespace mpq::test

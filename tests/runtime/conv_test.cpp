@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <strings.h>
 #include <vector>
 
 #include "runtime/blas_kernels.h"
@@ -464,24 +463,17 @@ TEST_CASE("ConvTranspose's GEMMs go to oneDNN where OpenBLAS runs without AVX-51
           "[conv][transpose][onednn]") {
   // As mpq::MatMulBias's case in matmul_test: OpenBLAS's kernel table switched to Haswell (an AMD
   // Zen 5 machine's OPENBLAS_CORETYPE) and to SkylakeX, the process's kernels restored after.
-  if (!rt::cpu::onednn_enabled() || rt::blas_kernels_for_this_cpu() != "SkylakeX") {
-    WARN("not exercised: oneDNN is off or this CPU has no AVX-512");
+  test::BlasKernelSwitch blas;
+  if (!blas.usable()) {
+    WARN("not exercised: " << blas.why());
     return;
   }
-  const std::string before = rt::ensure_blas_kernels().active;
-  if (before.empty() || strcasecmp(before.c_str(), "Cooperlake") == 0 || strcasecmp(before.c_str(), "SapphireRapids") == 0) {
-    WARN("not exercised: OpenBLAS cannot say which kernels run, or runs " << before << ", which cannot be selected back by name");
-    return;
-  }
-  struct Restore {
-    std::string kernels;
-    ~Restore() { rt::switch_blas_kernels(kernels); }
-  } restore{before};
   uint32_t seed = 970;
   for (const char* kernels : {"Haswell", "SkylakeX"}) {
     INFO(kernels << " kernels");
-    REQUIRE(strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels) == 0);
+    REQUIRE(blas.to(kernels));
     const bool below = std::string(kernels) == "Haswell";
+    CHECK(rt::blas_kernels_below_cpu() == below);
     // One image on two threads, each with its output channels' rows (U-Net's upsampling at batch 1);
     // a batch of 8, an image per task; 3 images, each GEMM split over the threads; the general
     // path (overlapping windows, col2im); float64 always on OpenBLAS.
@@ -499,7 +491,7 @@ TEST_CASE("ConvTranspose's GEMMs go to oneDNN where OpenBLAS runs without AVX-51
     check_transpose_case({2, 5, 3, 1, {6, 7}, {2, 2}, {2, 2}, {}, {}, {}, true}, seed++, DType::Float64);
     CHECK(rt::cpu::onednn_sgemm_count() == after_general);
   }
-  CHECK(strcasecmp(rt::switch_blas_kernels(before).c_str(), before.c_str()) == 0);
+  CHECK(blas.restore());
 }
 
 TEST_CASE("ConvTranspose with kernel equal to stride gives the fill-and-add path's bits", "[conv][transpose]") {

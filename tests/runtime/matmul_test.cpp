@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <strings.h>
 #include <vector>
 
 #include "runtime/blas_kernels.h"
@@ -288,22 +287,11 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
   // An OPENBLAS_CORETYPE such as Haswell on an AVX-512 CPU (an AMD Zen 5 machine sets it): OpenBLAS's
   // sgemm runs at about half the CPU's speed, oneDNN at full speed. Simulated on any AVX-512 CPU by
   // switching OpenBLAS's kernel table; the process's kernels are restored after.
-  if (!rt::cpu::onednn_enabled() || rt::blas_kernels_for_this_cpu() != "SkylakeX") {
-    WARN("not exercised: oneDNN is off or this CPU has no AVX-512");
+  test::BlasKernelSwitch blas;
+  if (!blas.usable()) {
+    WARN("not exercised: " << blas.why());
     return;
   }
-  // OPENBLAS_CORETYPE cannot name every set OpenBLAS picks by itself (0.3.21 stops short of
-  // Cooperlake), so the process's kernels can be restored only where their name selects them.
-  const std::string before = rt::ensure_blas_kernels().active;
-  if (before.empty() || strcasecmp(before.c_str(), "Cooperlake") == 0 || strcasecmp(before.c_str(), "SapphireRapids") == 0) {
-    WARN("not exercised: OpenBLAS cannot say which kernels run, or runs " << before << ", which cannot be selected back by name");
-    return;
-  }
-  // Puts the process's kernels back on every way out, a failed REQUIRE included.
-  struct Restore {
-    std::string kernels;
-    ~Restore() { rt::switch_blas_kernels(kernels); }
-  } restore{before};
   struct Case {
     int64_t m, k, n;
     bool onednn_below_cpu;  // with AVX2 kernels: oneDNN; with AVX-512 kernels every case is OpenBLAS's
@@ -312,7 +300,7 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
   const std::vector<Case> cases = {{4, 128, 160, true}, {3, 130, 129, true}, {2, 130, 129, false}, {5, 3, 7, false}};
   uint32_t seed = 90;
   for (const char* kernels : {"Haswell", "SkylakeX"}) {
-    REQUIRE(strcasecmp(rt::switch_blas_kernels(kernels).c_str(), kernels) == 0);
+    REQUIRE(blas.to(kernels));
     const bool below = std::string(kernels) == "Haswell";
     CHECK(rt::blas_kernels_below_cpu() == below);
     for (const Case& c : cases) {
@@ -330,7 +318,7 @@ TEST_CASE("mpq::MatMulBias goes to oneDNN from 48K multiply-adds where OpenBLAS 
       CHECK(worst < 1e-5);
     }
   }
-  CHECK(strcasecmp(rt::switch_blas_kernels(before).c_str(), before.c_str()) == 0);
+  CHECK(blas.restore());
 }
 
 TEST_CASE("mpq::MatMulBias on oneDNN: another batch size on the same node replans and stays right",
