@@ -347,7 +347,7 @@ TEST_CASE("Conv rejects malformed nodes", "[conv][negative]") {
 // and channels-last tensors alike; a batch's rows each as alone; blocked ones, groups and a second
 // pixel elsewhere.
 TEST_CASE("a 1x1 convolution of one pixel runs as a small-B product", "[conv][gemm_small]") {
-  if (!rt::cpu::small_gemm_applies(false, 40, 24)) {
+  if (!rt::cpu::small_gemm_applies(false, true, 40, 24)) {
     WARN("not exercised: products stay with OpenBLAS on this CPU");
     return;
   }
@@ -386,10 +386,13 @@ TEST_CASE("a 1x1 convolution of one pixel runs as a small-B product", "[conv][ge
     }
   }
   CHECK(rt::cpu::onednn_conv_count() == onednn_before);
-  // Not this path (checked against the reference): groups, a 2x1 image, a 3x3 kernel on one padded pixel.
+  // Not this path (checked against the reference): groups, a 2x1 image, a 3x3 kernel on one padded
+  // pixel, and a padded 1x1 kernel whose single output pixel reads the padding (stride 2, pads
+  // before only: the bias alone).
   check_conv_case({n, c, m, 2, {1, 1}, {1, 1}, {}, {}, {}, true}, 75);
   check_conv_case({n, c, m, 1, {2, 1}, {1, 1}, {}, {}, {}, true}, 76);
   check_conv_case({n, c, m, 1, {1, 1}, {3, 3}, {}, {}, {1, 1, 1, 1}, true}, 77);
+  check_conv_case({n, c, m, 1, {1, 1}, {1, 1}, {2, 2}, {}, {1, 1, 0, 0}, true}, 78);
 }
 
 // ---------------------------------------------------------------- ConvTranspose

@@ -774,9 +774,13 @@ bool single_pixel_product(KernelContext& ctx, const Tensor& x, const Tensor& w, 
   if (x.dtype() != DType::Float32 || st.G != 1 || epi.int8 != nullptr || st.C == 0 || st.M == 0) return false;
   for (const int64_t layout : {st.io.x, st.io.y, st.io.z})
     if (layout != 0 && layout != kChannelsLast) return false;
+  // No padding: with one input pixel a pad below the stride still gives one output pixel, but
+  // one that reads the padding (the bias alone).
   for (size_t d = 0; d < st.win.rank(); ++d)
-    if (st.win.in[d] != 1 || st.win.kernel[d] != 1 || st.win.out[d] != 1) return false;
-  if (!small_gemm_applies(false, st.C, st.M)) return false;
+    if (st.win.in[d] != 1 || st.win.kernel[d] != 1 || st.win.out[d] != 1 || st.win.pad_begin(d) != 0 ||
+        st.win.pad_end(d) != 0)
+      return false;
+  if (!small_gemm_applies(false, true, st.C, st.M)) return false;
   Tensor& y = ctx.alloc_output(0, x.dtype(), st.yshape);
   const int64_t N = x.dim(0), C = st.C, M = st.M;
   if (N == 0) return true;
@@ -1108,8 +1112,9 @@ void conv_transpose_typed(KernelContext& ctx, const Tensor& x, const Tensor& w, 
     return;
   }
   // col[rows, Sin] = W^T X for a part of W's columns. OpenBLAS, or oneDNN where OpenBLAS runs
-  // without AVX-512 on an AVX-512 CPU (matmul_onednn.h), on the calling thread (threads 1) or
-  // split over the pool like blas_gemm_split (threads 0).
+  // without AVX-512 on an AVX-512 CPU (matmul_onednn.h), on the calling thread (threads 1) or on
+  // the pool's threads (threads 0: OpenBLAS split as blas_gemm_split splits it, oneDNN on a team
+  // of the pool's size; one thread either way inside a parallel loop).
   auto transpose_gemm = [&](int threads, int64_t rows, int64_t cols, int64_t inner, const T* wt, int64_t ldw,
                             const T* xt, T* col) {
     if constexpr (std::is_same_v<T, float>) {

@@ -267,9 +267,9 @@ __attribute__((target("avx2,fma"), noinline)) void rows_avx2(bool tb, int64_t r0
 
 }  // namespace
 
-bool small_gemm_applies(bool ta, int64_t k, int64_t n) {
+bool small_gemm_applies(bool ta, bool tb, int64_t k, int64_t n) {
   // Without AVX2 and FMA the scalar loop (a libm call per multiply-add) would be slower than OpenBLAS.
-  return !ta && k > 0 && n > 0 && k * n <= kSmallGemmMaxB && !deterministic_blas() &&
+  return !ta && (tb ? k >= 8 : n >= 16) && k > 0 && n > 0 && k * n <= kSmallGemmMaxB && !deterministic_blas() &&
          small_gemm_isa() != SmallGemmIsa::Scalar;
 }
 

@@ -34,9 +34,11 @@ inline constexpr int64_t kSmallGemmMaxB = 16384;
 
 // Whether a float32 product with these dimensions runs in small_gemm: A not transposed, K * N at most
 // kSmallGemmMaxB, and outside training (a DeterministicBlas scope keeps OpenBLAS there, whose sums
-// the emulated CUDA path is compared with), on a CPU with AVX2 and FMA at least. M plays no part
-// (see above).
-bool small_gemm_applies(bool ta, int64_t k, int64_t n);
+// the emulated CUDA path is compared with), on a CPU with AVX2 and FMA at least. Not where the
+// kernel's vectors would be mostly empty: B not transposed needs N >= 16 (otherwise each row is one
+// long chain of partly filled vectors over K), B transposed K >= 8 (otherwise each output is a
+// masked load and a 16-lane tree for a few products). M plays no part (see above).
+bool small_gemm_applies(bool ta, bool tb, int64_t k, int64_t n);
 
 // C[m, n] = alpha * sum_k A[m, k] * op(B)[k, n] + beta * C[m, n] (beta 0: C is only written), rows
 // spread over the pool in blocks from 256K multiply-adds (a transformer's projection at batch 1,

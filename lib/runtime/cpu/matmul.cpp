@@ -110,7 +110,7 @@ void gemm_kernel(KernelContext& ctx) {
     }
     const int64_t lda = a.dim(1), ldb = b.dim(1);
     if constexpr (std::is_same_v<T, float>) {
-      if (small_gemm_applies(ta, K, N))
+      if (small_gemm_applies(ta, tb, K, N))
         small_gemm(ctx.pool(), tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? 1.0f : 0.0f, yp, N);
       else
         blas_gemm_rows(ctx.pool(), ta, tb, M, N, K, static_cast<T>(alpha), ap, lda, bp, ldb, use_c ? T(1) : T(0), yp, N);
@@ -191,7 +191,7 @@ void matmul_kernel(KernelContext& ctx) {
       // A small B (attention's per-head products, 16 x 16 x 16 in the shipped transformers) in
       // mpq's own kernel, whose rows do not depend on how many there are (gemm_small.h).
       bool small = false;
-      if constexpr (std::is_same_v<T, float>) small = small_gemm_applies(false, K, N);
+      if constexpr (std::is_same_v<T, float>) small = small_gemm_applies(false, false, K, N);
       if (nbb == 1 && nba == nb) {
         // B shared by every batch entry and A contiguous: one [nb*M, K] x [K, N] GEMM.
         if constexpr (std::is_same_v<T, float>) {
@@ -270,7 +270,7 @@ void matmul_bias_compute(KernelContext& ctx, OnednnMatmulState* state) {
   const bool per_column = bias.numel() == N;
   // A small B in mpq's own kernel (gemm_small.h) before oneDNN: at a transformer's batch 1 (M 16,
   // K * N 4-12K) oneDNN's call costs more than the product; from batch 8 the two are level.
-  const bool small = K > 0 && small_gemm_applies(false, K, N);
+  const bool small = K > 0 && small_gemm_applies(false, false, K, N);
   if (!small && state && per_column && K > 0 &&
       onednn_matmul_bias(ctx.pool(), M, K, N, a.data<float>(), b.data<float>(), bp, yp, *state))
     return;

@@ -94,8 +94,10 @@ bool onednn_sgemm_below_cpu(int threads, bool ta, bool tb, int64_t m, int64_t n,
                             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                             int64_t ldc) {
   if (!blas_kernels_below_cpu() || deterministic_blas() || !onednn_enabled() || !onednn_allowed_here()) return false;
-  // oneDNN's sgemm runs on the calling thread's OpenMP team (on one thread inside a parallel loop).
-  const int team = std::max(threads, 1);
+  // oneDNN's sgemm runs on the calling thread's OpenMP team: one thread inside a parallel loop
+  // (one of the pool's, or one that ran inline on the calling thread).
+  const bool inside = omp_in_parallel() || ThreadPool::inside_parallel_loop();
+  const int team = inside ? 1 : std::max(threads, 1);
   if (!omp_in_parallel() && omp_get_max_threads() != team) omp_set_num_threads(team);
   if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) != dnnl_success)
     return false;
