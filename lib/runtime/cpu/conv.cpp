@@ -785,8 +785,7 @@ bool single_pixel_product(KernelContext& ctx, const Tensor& x, const Tensor& w, 
   const int64_t N = x.dim(0), C = st.C, M = st.M;
   if (N == 0) return true;
   float* yp = y.data<float>();
-  if (b)
-    for (int64_t n = 0; n < N; ++n) std::copy(b->data<float>(), b->data<float>() + M, yp + n * M);
+  if (b) prefill_bias(ctx.pool(), yp, N * M, 1, M, b->data<float>());  // C = the bias rows, summed onto
   small_gemm(ctx.pool(), true, N, M, C, 1.0f, x.data<float>(), C, w.data<float>(), C, b ? 1.0f : 0.0f, yp, M);
   apply_epilogue_all(ctx.pool(), epi, yp, y.numel());
   return true;
