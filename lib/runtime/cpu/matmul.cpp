@@ -190,27 +190,25 @@ void matmul_kernel(KernelContext& ctx) {
     if constexpr (std::is_floating_point_v<T>) {
       // A small B (attention's per-head products, 16 x 16 x 16 in the shipped transformers) in
       // mpq's own kernel, whose rows do not depend on how many there are (gemm_small.h).
-      bool small = false;
-      if constexpr (std::is_same_v<T, float>) small = small_gemm_applies(false, false, K, N);
-      if (nbb == 1 && nba == nb) {
-        // B shared by every batch entry and A contiguous: one [nb*M, K] x [K, N] GEMM.
+      // y[rows, N] = a[rows, K] b[K, N] there; false, computing nothing, where it does not apply.
+      auto small_product = [&](int64_t rows, const T* at, const T* bt, T* yt) {
         if constexpr (std::is_same_v<T, float>) {
-          if (small) {
-            small_gemm(ctx.pool(), false, nb * M, N, K, 1.0f, ap, K, bp, N, 0.0f, yp, N);
-            return;
+          if (small_gemm_applies(false, false, K, N)) {
+            small_gemm(ctx.pool(), false, rows, N, K, 1.0f, at, K, bt, N, 0.0f, yt, N);
+            return true;
           }
         }
-        blas_gemm_rows(ctx.pool(), false, false, nb * M, N, K, T(1), ap, K, bp, N, T(0), yp, N);
+        return false;
+      };
+      if (nbb == 1 && nba == nb) {
+        // B shared by every batch entry and A contiguous: one [nb*M, K] x [K, N] GEMM.
+        if (!small_product(nb * M, ap, bp, yp))
+          blas_gemm_rows(ctx.pool(), false, false, nb * M, N, K, T(1), ap, K, bp, N, T(0), yp, N);
         return;
       }
       auto one = [&](int64_t t) {
-        if constexpr (std::is_same_v<T, float>) {
-          if (small) {
-            small_gemm(ctx.pool(), false, M, N, K, 1.0f, ap + aoff[static_cast<size_t>(t)], K,
-                       bp + boff[static_cast<size_t>(t)], N, 0.0f, yp + t * M * N, N);
-            return;
-          }
-        }
+        if (small_product(M, ap + aoff[static_cast<size_t>(t)], bp + boff[static_cast<size_t>(t)], yp + t * M * N))
+          return;
         blas_gemm_split(ctx.pool(), false, false, M, N, K, T(1), ap + aoff[static_cast<size_t>(t)], K,
                         bp + boff[static_cast<size_t>(t)], N, T(0), yp + t * M * N, N);
       };
