@@ -289,7 +289,9 @@ TEST_CASE("int8 convolutions give the float path's results, and the same bits on
       }
       if (o.n > 1) {
         // The same batch kept whole by the executor: each convolution splits it over the threads
-        // itself, the parts sharing one int8 copy of the weights.
+        // itself, the parts sharing one int8 copy of the weights. (By the size rule: a measured
+        // choice would time one thread first; conv_tuning_test covers it.)
+        const rt::cpu::ScopedConvTuning size_rule(false);
         const uint64_t conv_splits = rt::cpu::onednn_batch_split_count(), int8_runs = rt::cpu::onednn_int8_conv_count();
         CHECK(test::same_bits(one, run(m, feeds, 2, /*split_rows=*/false)));
         CHECK(rt::cpu::onednn_batch_split_count() > conv_splits);

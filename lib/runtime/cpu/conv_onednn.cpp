@@ -17,7 +17,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -36,11 +39,29 @@ std::atomic<int> g_override{-1};
 std::atomic<uint64_t> g_conv_count{0};
 std::atomic<uint64_t> g_split_count{0};
 std::atomic<uint64_t> g_int8_count{0};
+// -1: as the environment says (MPQ_CONV_TUNING=0 switches the measured choice off); otherwise
+// ScopedConvTuning's setting.
+std::atomic<int> g_tuning{-1};
+std::atomic<uint64_t> g_tuned_count{0};
 }  // namespace
 
 uint64_t onednn_conv_count() { return g_conv_count.load(std::memory_order_relaxed); }
 uint64_t onednn_batch_split_count() { return g_split_count.load(std::memory_order_relaxed); }
 uint64_t onednn_int8_conv_count() { return g_int8_count.load(std::memory_order_relaxed); }
+uint64_t onednn_tuned_count() { return g_tuned_count.load(std::memory_order_relaxed); }
+
+bool conv_tuning_enabled() {
+  const int o = g_tuning.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool from_env = [] {
+    const char* v = std::getenv("MPQ_CONV_TUNING");
+    return !(v && v[0] == '0');
+  }();
+  return from_env;
+}
+
+ScopedConvTuning::ScopedConvTuning(bool on) : previous_(g_tuning.exchange(on ? 1 : 0)) {}
+ScopedConvTuning::~ScopedConvTuning() { g_tuning.store(previous_); }
 
 bool onednn_available() {
 #if MPQ_HAVE_ONEDNN
@@ -602,12 +623,16 @@ bool onednn_runs(const DnnlConvShape& s, Direction direction) {
          !mpq_is_faster(s, direction);
 }
 
-std::shared_ptr<Plan> usable_plan(int threads, const DnnlConvShape& s, Direction direction) {
+// The plan for `s` on an OpenMP team of `team` threads (set here), or null (see usable_plan).
+std::shared_ptr<Plan> plan_for_team(int team, const DnnlConvShape& s, Direction direction) {
   if (!onednn_runs(s, direction)) return nullptr;
-  const int team = team_size(s, threads);
   if (omp_get_max_threads() != team) omp_set_num_threads(team);
   std::shared_ptr<Plan> p = cache().get(s, team, direction);
   return p->direct ? p : nullptr;
+}
+
+std::shared_ptr<Plan> usable_plan(int threads, const DnnlConvShape& s, Direction direction) {
+  return plan_for_team(team_size(s, threads), s, direction);
 }
 
 }  // namespace
@@ -737,8 +762,21 @@ struct OnednnConvState::Impl {
   std::vector<Part> split_parts;  // empty: the shape runs whole
   DnnlConvShape split_shape;
   int split_threads = 0, split_policy = -1;
-  bool split_valid = false, split_usable = false;
+  bool split_valid = false, split_usable = false, split_by_size = true;
   std::shared_ptr<Plan> split_weights_plan;
+  // The measured choice (forward_tuned): for the shape, thread count and policy it was made for,
+  // which tactics may run, the fastest time of each so far, the calls made and the tactic chosen
+  // (-1 while measuring). The whole-convolution tactics keep their own states (plans and weight
+  // copies), so that alternating them reorders nothing; the split one uses this state's.
+  struct Tuning {
+    bool valid = false;
+    DnnlConvShape shape;
+    int threads = 0, policy = -1;
+    std::array<bool, 3> usable{};
+    std::array<double, 3> fastest{};
+    int calls = 0, chosen = -1;
+  } tuning;
+  std::array<std::unique_ptr<Impl>, 2> whole_states;  // one thread, the whole team
 };
 OnednnConvState::OnednnConvState() : impl(std::make_unique<Impl>()) {}
 OnednnConvState::~OnednnConvState() = default;
@@ -815,27 +853,26 @@ const float* kept_weights(OnednnConvState::Impl& st, const std::shared_ptr<Plan>
   return dst;
 }
 
-// One convolution (or one part of a split batch) on `threads` threads. `packed`, where not null,
-// holds w already in the plan's weight layout (shared by the parts of a split batch).
-bool forward_whole(int threads, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+// One convolution (or one part of a split batch) on an OpenMP team of `team` threads. `packed`,
+// where not null, holds w already in the plan's weight layout (shared by the parts of a split batch).
+bool forward_whole(int team, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                    const float* z, float* y, OnednnConvState::Impl* st, const float* packed = nullptr) {
   std::shared_ptr<Plan> p;
   const int policy = current_policy();
-  if (st && st->valid && st->shape == s && st->threads == threads && st->policy == policy) {
+  if (st && st->valid && st->shape == s && st->threads == team && st->policy == policy) {
     if (st->bound) {
       p = st->bound->plan;
-      // Another node may have changed the OpenMP team size since (usable_plan sets it).
-      const int team = team_size(s, threads);
+      // Another node may have changed the OpenMP team size since (plan_for_team sets it).
       if (omp_get_max_threads() != team) omp_set_num_threads(team);
     }
   } else {
-    p = usable_plan(threads, s, Direction::Forward);
+    p = plan_for_team(team, s, Direction::Forward);
     if (st) {
       // Everything that may throw first: a half-updated state must never look valid.
       st->valid = false;
       std::unique_ptr<Bound> bound = p ? std::make_unique<Bound>(p) : nullptr;
       st->shape = s;
-      st->threads = threads;
+      st->threads = team;
       st->policy = policy;
       st->bound = std::move(bound);
       st->valid = true;
@@ -950,7 +987,10 @@ std::vector<Part> row_band_parts(const DnnlConvShape& s, int threads) {
 // ResNet, 2 threads: 0.171 -> 0.172 ms, its 16-channel 3x3 convolutions 32 -> 28 us), and with bands
 // each thread quantizes and convolves its own rows, which stay in its cache for the next
 // convolution's band.
-std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
+// `by_size`: only where the size rule gives the convolution every thread (team_size); without it,
+// wherever the shape can be cut (the measured choice, forward_tuned, times the split against the
+// other ways).
+std::vector<Part> split_parts(const DnnlConvShape& s, int threads, bool by_size) {
   std::vector<Part> parts;
   if (!batch_split_enabled()) return parts;
   // Images per part as the executor's whole-graph split cuts a batch (row_parts): none where there
@@ -958,7 +998,7 @@ std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
   // with few images per thread (3 images on 2 threads: 2 image-times, where oneDNN's split takes
   // about 1.5).
   // A convolution too small for a second thread runs on one, whole.
-  if (team_size(s, threads) < threads) return parts;
+  if (by_size && team_size(s, threads) < threads) return parts;
   const std::vector<int64_t> images = row_parts(s.n, threads);
   if (images.empty()) return row_band_parts(s, threads);
   int64_t at = 0;
@@ -979,13 +1019,14 @@ std::vector<Part> split_parts(const DnnlConvShape& s, int threads) {
 // whether every part has a direct kernel, are decided once per shape with the node's state: every
 // part must have one before any runs, since a part left to mpq's kernels would mean redoing the
 // whole convolution, and with Y in Z's buffer the parts already done would have overwritten Z.
-bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
-                   const float* z, float* y, OnednnConvState::Impl& st) {
+// The split's state in st for `threads` (made once per shape), and whether it can run.
+bool prepare_split(int threads, const DnnlConvShape& s, OnednnConvState::Impl& st, bool by_size) {
   const int policy = current_policy();
-  if (!(st.split_valid && st.split_shape == s && st.split_threads == pool.size() && st.split_policy == policy)) {
+  if (!(st.split_valid && st.split_shape == s && st.split_threads == threads && st.split_policy == policy &&
+        st.split_by_size == by_size)) {
     // Everything that may throw first: a half-updated state must never look valid.
     st.split_valid = false;
-    std::vector<Part> parts = split_parts(s, pool.size());
+    std::vector<Part> parts = split_parts(s, threads, by_size);
     std::vector<std::shared_ptr<Plan>> plans;
     for (const Part& part : parts) plans.push_back(usable_plan(1, part.shape, Direction::Forward));
     bool usable = !parts.empty() && std::find(plans.begin(), plans.end(), nullptr) == plans.end();
@@ -995,7 +1036,7 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     // (No test reaches the latter: oneDNN 2.6 has had an int8 kernel for every band of a shape it
     // runs whole in int8; the check keeps it so if that changes.)
     if (usable && s.int8) {
-      const std::shared_ptr<Plan> whole = usable_plan(pool.size(), s, Direction::Forward);
+      const std::shared_ptr<Plan> whole = usable_plan(threads, s, Direction::Forward);
       usable = whole && whole->int8;
       for (const auto& q : plans) usable = usable && q->int8;
     }
@@ -1010,11 +1051,17 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
     st.split_weights_plan = share ? plans[0] : nullptr;
     st.split_usable = usable;
     st.split_shape = s;
-    st.split_threads = pool.size();
+    st.split_threads = threads;
     st.split_policy = policy;
+    st.split_by_size = by_size;
     st.split_valid = true;
   }
-  if (!st.split_usable) return false;
+  return st.split_usable;
+}
+
+bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                   const float* z, float* y, OnednnConvState::Impl& st, bool by_size) {
+  if (!prepare_split(pool.size(), s, st, by_size)) return false;
   const std::vector<Part>& parts = st.split_parts;
   // The shared weights, reordered once on this thread (the parts only read them).
   const float* packed = nullptr;
@@ -1032,7 +1079,118 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
   });
   // Checked above for these shapes; a part that still did not run is a bug, not a fallback.
   if (std::find(ran.begin(), ran.end(), 0) != ran.end()) fail_internal("oneDNN convolution: a split part did not run");
+  g_split_count.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+// The measured choice. A convolution can use a pool of several threads three ways: on the calling
+// thread alone, whole on an OpenMP team of every thread (oneDNN's own split), or cut into parts,
+// one per thread (split_parts without the size rule). Which is fastest depends on the shape and
+// the machine in ways a size rule misses: per node on the 2-core EPYC (`mpq run --profile-nodes`,
+// batch 1, two threads) oneDNN's own split made the fashion MobileNet's 14 x 14 pointwise
+// convolutions 1.2-1.3x faster but its 7 x 7 ones 0.9x, and the INT8 MobileNetV3's row bands were
+// 0.7-1.1x one thread's time. So each node times every tactic it may use on its first calls,
+// alternately: kConvWarmupRounds rounds untimed (plan creation, weight reorders, caches and
+// page faults of a process's first runs: timing from the first round on chose other tactics from one
+// process to the next), then kConvTimedRounds rounds, and keeps the one whose fastest call was
+// fastest. A tactic with more threads must beat one thread by
+// kTuningMargin, so that a tie leaves the other cores free. Every tactic gives the same bits (direct
+// kernels sum each output in an order set by the shape's blocking, int8 bands sum exactly;
+// conv_tuning_test), so what is chosen changes the time only. Each call runs one tactic once, so a
+// Y in place of Z is safe while measuring.
+constexpr double kTuningMargin = 0.97;
+enum Tactic : int { kOneThread = 0, kWholeTeam = 1, kSplit = 2 };
+
+// -1 where the measured choice does not apply (fewer than two tactics can run the shape, or none
+// of them on oneDNN: the caller decides as without it); otherwise whether oneDNN ran it (always,
+// since every tactic was checked to have a direct kernel).
+int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+                  const float* z, float* y, OnednnConvState::Impl& st) {
+  using Impl = OnednnConvState::Impl;
+  const int threads = pool.size();
+  const int policy = current_policy();
+  Impl::Tuning& t = st.tuning;
+  if (!(t.valid && t.shape == s && t.threads == threads && t.policy == policy)) {
+    t.valid = false;
+    // Every tactic's plan in the same arithmetic as the size rule's (int8 or float), so that all
+    // give its bits; the split's parts are checked to run in integers where it does (forward_split).
+    const std::shared_ptr<Plan> rule = usable_plan(threads, s, Direction::Forward);
+    const std::shared_ptr<Plan> one = plan_for_team(1, s, Direction::Forward);
+    const std::shared_ptr<Plan> all = plan_for_team(threads, s, Direction::Forward);
+    Impl::Tuning fresh;
+    if (rule) {
+      fresh.usable[kOneThread] = one && one->int8 == rule->int8;
+      fresh.usable[kWholeTeam] = all && all->int8 == rule->int8;
+      // The split's state (parts, plans, whether each has a direct kernel, int8 where the whole
+      // runs in integers) is made here, without running it.
+      fresh.usable[kSplit] = prepare_split(threads, s, st, false);
+    }
+    fresh.fastest.fill(std::numeric_limits<double>::infinity());
+    fresh.shape = s;
+    fresh.threads = threads;
+    fresh.policy = policy;
+    fresh.valid = true;
+    t = fresh;
+  }
+  std::array<int, 3> tactics{};
+  int count = 0;
+  for (int i = 0; i < 3; ++i)
+    if (t.usable[static_cast<size_t>(i)]) tactics[static_cast<size_t>(count++)] = i;
+  if (count < 2) return -1;
+  auto run = [&](int tactic) {
+    switch (tactic) {
+      case kOneThread:
+      case kWholeTeam: {
+        auto& sub = st.whole_states[static_cast<size_t>(tactic)];
+        if (!sub) sub = std::make_unique<Impl>();
+        return forward_whole(tactic == kOneThread ? 1 : threads, s, x, w, bias, z, y, sub.get());
+      }
+      default:
+        return forward_split(pool, s, x, w, bias, z, y, st, false);
+    }
+  };
+  if (t.chosen >= 0) {
+    if (!run(t.chosen)) fail_internal("oneDNN convolution: the measured tactic did not run");
+    return 1;
+  }
+  const int tactic = tactics[static_cast<size_t>(t.calls % count)];
+  const auto start = std::chrono::steady_clock::now();
+  if (!run(tactic)) fail_internal("oneDNN convolution: a measured tactic did not run");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (t.calls >= count * kConvWarmupRounds) {
+    double& fastest = t.fastest[static_cast<size_t>(tactic)];
+    fastest = std::min(fastest, seconds);
+  }
+  if (++t.calls == count * (kConvWarmupRounds + kConvTimedRounds)) {
+    int chosen = tactics[0];
+    for (int i = 1; i < count; ++i) {
+      const int c = tactics[static_cast<size_t>(i)];
+      const bool more_threads_than_chosen = chosen == kOneThread;
+      const double bar = t.fastest[static_cast<size_t>(chosen)] * (more_threads_than_chosen ? kTuningMargin : 1.0);
+      if (t.fastest[static_cast<size_t>(c)] < bar) chosen = c;
+    }
+    t.chosen = chosen;
+    static const char* const names[] = {"one thread", "whole on the team", "split"};
+    auto us = [&](int i) { return t.usable[static_cast<size_t>(i)] ? t.fastest[static_cast<size_t>(i)] * 1e6 : -1.0; };
+    spdlog::debug("convolution {}x{}x{}x{} -> {} ({}x{} kernel, {}{}) on {} threads: one thread {:.1f} us, whole {:.1f}, split "
+                  "{:.1f} (-1: cannot): {}",
+                  s.n, s.c, s.ih, s.iw, s.m, s.kh, s.kw, s.group > 1 ? "grouped, " : "", s.int8 ? "int8" : "float",
+                  threads, us(kOneThread), us(kWholeTeam), us(kSplit), names[chosen]);
+    // The tactics not chosen give back their plans' buffers and weight copies.
+    for (int i = 0; i < 2; ++i)
+      if (i != chosen) st.whole_states[static_cast<size_t>(i)].reset();
+    if (chosen != kSplit) {
+      st.split_valid = false;
+      st.parts.clear();
+      st.split_parts.clear();
+      st.split_weights_plan.reset();
+      st.weights = Scratch{};
+      st.reordered_for.reset();
+      st.source = nullptr;
+    }
+    g_tuned_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  return 1;
 }
 
 }  // namespace
@@ -1046,12 +1204,22 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   // single-thread primitive instead of oneDNN splitting every image over the threads: no barrier
   // inside the convolution, no thread reading the other's part of an image, and each core keeps
   // the same images in its cache from one convolution to the next.
-  if (st && !ThreadPool::inside_parallel_loop() && forward_split(pool, s, x, w, bias, z, y, *st)) {
-    g_conv_count.fetch_add(1, std::memory_order_relaxed);
-    g_split_count.fetch_add(1, std::memory_order_relaxed);
-    return true;
+  if (st && threads > 1 && !ThreadPool::inside_parallel_loop()) {
+    // The measured choice where it applies (see forward_tuned), else the size rule: the split where
+    // the convolution is large enough for every thread, or whole on the team its size gives.
+    if (conv_tuning_enabled() && g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always)) {
+      const int tuned = forward_tuned(pool, s, x, w, bias, z, y, *st);
+      if (tuned >= 0) {
+        g_conv_count.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      }
+    }
+    if (forward_split(pool, s, x, w, bias, z, y, *st, true)) {
+      g_conv_count.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
   }
-  if (!forward_whole(threads, s, x, w, bias, z, y, st)) return false;
+  if (!forward_whole(team_size(s, threads), s, x, w, bias, z, y, st)) return false;
   g_conv_count.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -106,6 +106,26 @@ class ScopedOnednn {
   int previous_;
 };
 
+// The measured choice of how a convolution uses a pool of several threads (inference, constant
+// weights, outside a parallel loop; see onednn_conv_forward): on by default, off with
+// MPQ_CONV_TUNING=0 in the environment or inside a ScopedConvTuning(false), where a size rule
+// decides alone. Never with OnednnUse::Always, whose tests compare thread counts on purpose.
+bool conv_tuning_enabled();
+class ScopedConvTuning {
+ public:
+  explicit ScopedConvTuning(bool on);
+  ~ScopedConvTuning();
+  ScopedConvTuning(const ScopedConvTuning&) = delete;
+  ScopedConvTuning& operator=(const ScopedConvTuning&) = delete;
+
+ private:
+  int previous_;
+};
+// How many convolutions (node states) have settled on a measured choice in this process. A state
+// times its tactics over its first (kConvWarmupRounds + kConvTimedRounds) * tactics calls.
+uint64_t onednn_tuned_count();
+inline constexpr int kConvWarmupRounds = 4, kConvTimedRounds = 8;
+
 // The channel block oneDNN's direct kernels prefer on this CPU (16 with AVX-512, else 8), or 0 where
 // oneDNN is not compiled in or switched off: passes/block_conv_layout keeps tensors between
 // convolutions in that layout.

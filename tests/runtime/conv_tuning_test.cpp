@@ -1,0 +1,203 @@
+// The measured choice of how a oneDNN convolution uses a pool of several threads (conv_onednn.cpp,
+// forward_tuned): while a node state times its tactics (one thread, whole on the team, split into
+// parts) every call must give the bits of the one-thread convolution, so that the choice, made from
+// timings, changes nothing but the time; the state settles after its rounds; and the choice is
+// not made where it does not apply (one thread, no state, OnednnUse::Always, switched off).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <vector>
+
+#include "runtime/cpu/channel_blocks.h"
+#include "runtime/cpu/conv_onednn.h"
+#include "runtime/thread_pool.h"
+#include "test_util.h"
+
+using namespace mpq;
+
+namespace {
+
+struct TuningCase {
+  const char* name;
+  int64_t n, c, m, h, w, k, stride, pad;
+  int64_t layout;  // 0: plain NCHW, otherwise the block (kChannelsLast: NHWC)
+  bool residual, in_place, int8;
+};
+
+rt::cpu::DnnlConvShape shape_of(const TuningCase& k, const rt::cpu::Int8ConvScales* q) {
+  rt::cpu::DnnlConvShape s;
+  s.n = k.n;
+  s.c = k.c;
+  s.m = k.m;
+  s.ih = k.h;
+  s.iw = k.w;
+  s.kh = s.kw = k.k;
+  s.sh = s.sw = k.stride;
+  s.pt = s.pb = s.pl = s.pr = k.pad;
+  s.oh = (k.h + 2 * k.pad - k.k) / k.stride + 1;
+  s.ow = (k.w + 2 * k.pad - k.k) / k.stride + 1;
+  s.bias = true;
+  s.residual = k.residual;
+  s.act = rt::cpu::DnnlAct::Relu;
+  s.x_block = s.y_block = k.layout;
+  if (k.residual) s.z_block = k.layout;
+  if (k.int8) s.int8 = q;
+  return s;
+}
+
+rt::cpu::Int8ConvScales scales_of(int64_t m) {
+  rt::cpu::Int8ConvScales q;
+  q.x_inv = 50.0f;  // inputs in [-2, 2]: integers within [-100, 100]
+  q.w_inv.assign(static_cast<size_t>(m), 400.0f);
+  q.out.assign(static_cast<size_t>(m), 1.0f / (50.0f * 400.0f));
+  const Tensor b = test::random_tensor({m}, 71, -0.2f, 0.2f);
+  for (int64_t i = 0; i < m; ++i) q.bias.push_back(b.data<float>()[i] / q.out[static_cast<size_t>(i)]);
+  return q;
+}
+
+// One call: y = conv(x) (+ z), with Y in Z's buffer where the case says so (z is copied there first).
+void conv_once(rt::ThreadPool& pool, const rt::cpu::DnnlConvShape& s, const TuningCase& k, const Tensor& x,
+               const Tensor& w, const Tensor& b, const Tensor& z, Tensor& y, rt::cpu::OnednnConvState* st) {
+  const float* zp = nullptr;
+  if (k.residual) {
+    if (k.in_place) {
+      std::copy(z.data<float>(), z.data<float>() + z.numel(), y.data<float>());
+      zp = y.data<float>();
+    } else {
+      zp = z.data<float>();
+    }
+  }
+  REQUIRE(rt::cpu::onednn_conv_forward(pool, s, x.data<float>(), w.data<float>(), b.data<float>(), zp, y.data<float>(),
+                                       st));
+}
+
+const int kCallsToSettle = 3 * (rt::cpu::kConvWarmupRounds + rt::cpu::kConvTimedRounds);
+
+}  // namespace
+
+TEST_CASE("A measured choice of threads gives the one-thread bits on every call and settles once",
+          "[conv][tuning]") {
+  if (!rt::cpu::onednn_enabled()) {
+    WARN("oneDNN is not compiled in or is switched off: no measured choice to test");
+    return;
+  }
+  const rt::cpu::ScopedConvTuning on(true);  // whatever MPQ_CONV_TUNING says
+  const int64_t nhwc = rt::cpu::kChannelsLast, block = rt::cpu::onednn_channel_block();
+  std::vector<TuningCase> cases;
+  if (rt::cpu::onednn_channels_last_direct()) {
+    cases.push_back({"pointwise, one image, NHWC", 1, 24, 96, 14, 14, 1, 1, 0, nhwc, false, false, false});
+    cases.push_back({"3x3, a batch of 4, NHWC, residual", 4, 16, 24, 9, 11, 3, 1, 1, nhwc, true, false, false});
+  }
+  cases.push_back({"3x3, one image, plain, Y in Z's buffer", 1, 16, 16, 13, 11, 3, 1, 1, 0, true, true, false});
+  if (block > 0)
+    cases.push_back({"3x3 stride 2, a batch of 3, channel blocks", 3, 16, 32, 17, 15, 3, 2, 1, block, false, false, false});
+  if (rt::cpu::onednn_int8_convolutions()) {
+    cases.push_back({"int8 3x3, one image (row bands), residual", 1, 16, 32, 17, 13, 3, 1, 1, nhwc, true, false, true});
+    cases.push_back({"int8 3x3, a batch of 2, Y in Z's buffer", 2, 32, 32, 9, 7, 3, 1, 1, nhwc, true, true, true});
+  } else {
+    WARN("oneDNN does not run exact int8 convolutions on this CPU: the int8 cases are skipped");
+  }
+  uint32_t seed = 7100;
+  for (const TuningCase& k : cases) {
+    INFO(k.name);
+    const rt::cpu::Int8ConvScales q = scales_of(k.m);
+    const rt::cpu::DnnlConvShape s = shape_of(k, &q);
+    // The layouts only reorder values; random values serve for any of them.
+    const Tensor x = test::random_tensor({k.n, k.c, k.h, k.w}, seed++, -2.0f, 2.0f);
+    const Tensor w = test::random_tensor({k.m, k.c, k.k, k.k}, seed++, -0.3f, 0.3f);
+    const Tensor b = test::random_tensor({k.m}, seed++);
+    const Tensor z = test::random_tensor({k.n, k.m, s.oh, s.ow}, seed++, -1.0f, 1.0f);
+    Tensor want(DType::Float32, Shape{k.n, k.m, s.oh, s.ow});
+    {
+      rt::ThreadPool one(1);
+      conv_once(one, s, k, x, w, b, z, want, nullptr);
+    }
+    rt::ThreadPool pool(2);
+    rt::cpu::OnednnConvState st;
+    const uint64_t tuned = rt::cpu::onednn_tuned_count(), splits = rt::cpu::onednn_batch_split_count();
+    const uint64_t int8 = rt::cpu::onednn_int8_conv_count();
+    int calls = 0;
+    bool same = true;
+    while (rt::cpu::onednn_tuned_count() == tuned && calls < kCallsToSettle + 1) {
+      Tensor y(DType::Float32, Shape{k.n, k.m, s.oh, s.ow});
+      conv_once(pool, s, k, x, w, b, z, y, &st);
+      same = same && test::same_bits(y, want);
+      ++calls;
+    }
+    CHECK(same);
+    // Two tactics at least (one thread and the whole team), three where the shape can be cut:
+    // a batch into images, one int8 image into bands of rows.
+    const bool cut = k.n > 1 ? k.n % 2 == 0 || k.n >= 8 : k.int8;
+    const int tactics = cut ? 3 : 2;
+    CHECK(rt::cpu::onednn_tuned_count() == tuned + 1);
+    CHECK(calls == tactics * (rt::cpu::kConvWarmupRounds + rt::cpu::kConvTimedRounds));
+    // The split really ran, once a round, while measuring.
+    CHECK(rt::cpu::onednn_batch_split_count() - splits ==
+          (cut ? static_cast<uint64_t>(rt::cpu::kConvWarmupRounds + rt::cpu::kConvTimedRounds) : 0u));
+    if (k.int8) CHECK(rt::cpu::onednn_int8_conv_count() - int8 >= static_cast<uint64_t>(calls));
+    // Settled: the chosen tactic from now on, the same bits, no second choice.
+    for (int i = 0; i < 5; ++i) {
+      Tensor y(DType::Float32, Shape{k.n, k.m, s.oh, s.ow});
+      conv_once(pool, s, k, x, w, b, z, y, &st);
+      CHECK(test::same_bits(y, want));
+    }
+    CHECK(rt::cpu::onednn_tuned_count() == tuned + 1);
+    // A new shape on the same state is measured again.
+    if (k.n > 1) {
+      rt::cpu::DnnlConvShape fewer = s;
+      fewer.n = 1;
+      const uint64_t before = rt::cpu::onednn_tuned_count();
+      for (int i = 0; i < kCallsToSettle; ++i) {
+        Tensor y(DType::Float32, Shape{1, k.m, s.oh, s.ow});
+        const Tensor z1 = test::random_tensor({1, k.m, s.oh, s.ow}, 7199, -1.0f, 1.0f);
+        REQUIRE(rt::cpu::onednn_conv_forward(pool, fewer, x.data<float>(), w.data<float>(), b.data<float>(),
+                                             k.residual ? z1.data<float>() : nullptr, y.data<float>(), &st));
+      }
+      CHECK(rt::cpu::onednn_tuned_count() == before + 1);
+    }
+  }
+}
+
+TEST_CASE("No measured choice on one thread, without a state, with OnednnUse::Always or switched off",
+          "[conv][tuning]") {
+  if (!rt::cpu::onednn_enabled()) {
+    WARN("oneDNN is not compiled in or is switched off: no measured choice to test");
+    return;
+  }
+  const TuningCase k{"3x3, one image, plain", 1, 16, 16, 13, 11, 3, 1, 1, 0, false, false, false};
+  const rt::cpu::DnnlConvShape s = shape_of(k, nullptr);
+  const Tensor x = test::random_tensor({1, 16, 13, 11}, 7201, -2.0f, 2.0f);
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 7202, -0.3f, 0.3f);
+  const Tensor b = test::random_tensor({16}, 7203);
+  const Tensor z;
+  Tensor want(DType::Float32, Shape{1, 16, 13, 11});
+  rt::ThreadPool one(1), two(2);
+  conv_once(one, s, k, x, w, b, z, want, nullptr);
+  auto calls_settle = [&](rt::ThreadPool& pool, bool with_state) {
+    rt::cpu::OnednnConvState st;
+    const uint64_t tuned = rt::cpu::onednn_tuned_count();
+    bool same = true;
+    for (int i = 0; i < kCallsToSettle + 2; ++i) {
+      Tensor y(DType::Float32, Shape{1, 16, 13, 11});
+      conv_once(pool, s, k, x, w, b, z, y, with_state ? &st : nullptr);
+      same = same && test::same_bits(y, want);
+    }
+    CHECK(same);
+    return rt::cpu::onednn_tuned_count() > tuned;
+  };
+  {
+    // Tests run with idle threads asleep (OMP_WAIT_POLICY=PASSIVE), where the size rule gives this
+    // convolution one thread: the measured choice is what would use the second.
+    const rt::cpu::ScopedConvTuning on(true);
+    CHECK(calls_settle(two, true));  // the positive control
+    CHECK_FALSE(calls_settle(one, true));
+    CHECK_FALSE(calls_settle(two, false));
+    {
+      const rt::cpu::ScopedOnednn always(rt::cpu::OnednnUse::Always);
+      CHECK_FALSE(calls_settle(two, true));
+    }
+  }
+  const rt::cpu::ScopedConvTuning off(false);
+  CHECK_FALSE(rt::cpu::conv_tuning_enabled());
+  CHECK_FALSE(calls_settle(two, true));
+}
