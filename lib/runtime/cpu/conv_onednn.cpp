@@ -765,7 +765,7 @@ struct OnednnConvState::Impl {
   bool split_valid = false, split_usable = false, split_by_size = true;
   std::shared_ptr<Plan> split_weights_plan;
   // The measured choice (forward_tuned): for the shape, thread count and policy it was made for,
-  // which tactics may run, the fastest time of each so far, the calls made and the tactic chosen
+  // which tactics may run, the timed calls of each, the calls made and the tactic chosen
   // (-1 while measuring). The whole-convolution tactics keep their own states (plans and weight
   // copies), so that alternating them reorders nothing; the split one uses this state's.
   struct Tuning {
@@ -773,7 +773,7 @@ struct OnednnConvState::Impl {
     DnnlConvShape shape;
     int threads = 0, policy = -1;
     std::array<bool, 3> usable{};
-    std::array<double, 3> fastest{};
+    std::array<std::array<double, kConvTimedRounds>, 3> seconds{};
     int calls = 0, chosen = -1;
   } tuning;
   std::array<std::unique_ptr<Impl>, 2> whole_states;  // one thread, the whole team
@@ -1092,13 +1092,16 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
 // 0.7-1.1x one thread's time. So each node times every tactic it may use on its first calls,
 // alternately: kConvWarmupRounds rounds untimed (plan creation, weight reorders, caches and
 // page faults of a process's first runs: timing from the first round on chose other tactics from one
-// process to the next), then kConvTimedRounds rounds, and keeps the one whose fastest call was
-// fastest. A tactic with more threads must beat one thread by
-// kTuningMargin, so that a tie leaves the other cores free. Every tactic gives the same bits (direct
+// process to the next), then kConvTimedRounds rounds, and keeps the one whose median call was
+// fastest. A tactic with more threads must beat one thread by 10% (kTuningMargin): a second thread
+// that only one small node wakes adds waits in the tail (with the fastest call deciding and a 3%
+// margin, the MobileNetV3 at batch 1 put one 72-channel 8 x 8 depthwise convolution on the team,
+// 2.0 against 2.1 us, and one of three runs had a p99 of 0.12 ms against the size rule's 0.06), and
+// a tie should leave the other cores free. Every tactic gives the same bits (direct
 // kernels sum each output in an order set by the shape's blocking, int8 bands sum exactly;
 // conv_tuning_test), so what is chosen changes the time only. Each call runs one tactic once, so a
 // Y in place of Z is safe while measuring.
-constexpr double kTuningMargin = 0.97;
+constexpr double kTuningMargin = 0.9;
 enum Tactic : int { kOneThread = 0, kWholeTeam = 1, kSplit = 2 };
 
 // -1 where the measured choice does not apply (fewer than two tactics can run the shape, or none
@@ -1125,7 +1128,6 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
       // runs in integers) is made here, without running it.
       fresh.usable[kSplit] = prepare_split(threads, s, st, false);
     }
-    fresh.fastest.fill(std::numeric_limits<double>::infinity());
     fresh.shape = s;
     fresh.threads = threads;
     fresh.policy = policy;
@@ -1157,21 +1159,27 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
   const auto start = std::chrono::steady_clock::now();
   if (!run(tactic)) fail_internal("oneDNN convolution: a measured tactic did not run");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (t.calls >= count * kConvWarmupRounds) {
-    double& fastest = t.fastest[static_cast<size_t>(tactic)];
-    fastest = std::min(fastest, seconds);
-  }
+  const int round = t.calls / count;
+  if (round >= kConvWarmupRounds)
+    t.seconds[static_cast<size_t>(tactic)][static_cast<size_t>(round - kConvWarmupRounds)] = seconds;
   if (++t.calls == count * (kConvWarmupRounds + kConvTimedRounds)) {
+    std::array<double, 3> median{};
+    for (int i = 0; i < count; ++i) {
+      auto& v = t.seconds[static_cast<size_t>(tactics[static_cast<size_t>(i)])];
+      std::array<double, kConvTimedRounds> sorted = v;
+      std::sort(sorted.begin(), sorted.end());
+      median[static_cast<size_t>(tactics[static_cast<size_t>(i)])] =
+          0.5 * (sorted[(kConvTimedRounds - 1) / 2] + sorted[kConvTimedRounds / 2]);
+    }
     int chosen = tactics[0];
     for (int i = 1; i < count; ++i) {
       const int c = tactics[static_cast<size_t>(i)];
-      const bool more_threads_than_chosen = chosen == kOneThread;
-      const double bar = t.fastest[static_cast<size_t>(chosen)] * (more_threads_than_chosen ? kTuningMargin : 1.0);
-      if (t.fastest[static_cast<size_t>(c)] < bar) chosen = c;
+      const double bar = median[static_cast<size_t>(chosen)] * (chosen == kOneThread ? kTuningMargin : 1.0);
+      if (median[static_cast<size_t>(c)] < bar) chosen = c;
     }
     t.chosen = chosen;
     static const char* const names[] = {"one thread", "whole on the team", "split"};
-    auto us = [&](int i) { return t.usable[static_cast<size_t>(i)] ? t.fastest[static_cast<size_t>(i)] * 1e6 : -1.0; };
+    auto us = [&](int i) { return t.usable[static_cast<size_t>(i)] ? median[static_cast<size_t>(i)] * 1e6 : -1.0; };
     spdlog::debug("convolution {}x{}x{}x{} -> {} ({}x{} kernel, {}{}) on {} threads: one thread {:.1f} us, whole {:.1f}, split "
                   "{:.1f} (-1: cannot): {}",
                   s.n, s.c, s.ih, s.iw, s.m, s.kh, s.kw, s.group > 1 ? "grouped, " : "", s.int8 ? "int8" : "float",
