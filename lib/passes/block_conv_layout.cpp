@@ -35,16 +35,57 @@ bool layout_transparent(const ir::Node& n) {
   return scale && scale->numel() == 1 && (n.num_inputs() < 3 || !n.input(2) || (zero_point && zero_point->numel() == 1));
 }
 
+// A float32 tensor of rank 4 by its declared type.
+bool float_rank4(const ir::Value* v) {
+  return v && v->type.is_tensor() && v->type.elem == DType::Float32 && v->type.has_shape && v->type.dims.size() == 4;
+}
+
+// A squeeze-and-excitation block's global average pool reading v: one pixel out, which is the same
+// in every layout, so it can read v in v's layout (mpq::GlobalAveragePool, runtime/cpu/layout_ops).
+bool layout_pool(const ir::Node& n, const ir::Value* v) {
+  return n.domain.empty() && n.op_type == "GlobalAveragePool" && n.num_inputs() == 1 && n.num_outputs() == 1 &&
+         float_rank4(v);
+}
+
+// A squeeze-and-excitation block's Mul of v [N, C, H, W] by a per-channel scale S [1 or N, C, 1, 1]
+// (by declared types): which input v is, or -1. It becomes mpq::ScaleChannels, whose output keeps
+// v's layout.
+int channel_scale_input(const ir::Node& n, const ir::Value* v, int64_t channels) {
+  if (!n.domain.empty() || n.op_type != "Mul" || n.num_inputs() != 2 || n.num_outputs() != 1) return -1;
+  if (n.input(0) == n.input(1) || !float_rank4(v)) return -1;
+  // v of one pixel would be a scale too: either side could be X, and every layout is the same.
+  if (v->type.dims[2] == ir::Dim::fixed(1) && v->type.dims[3] == ir::Dim::fixed(1)) return -1;
+  const int at = n.input(0) == v ? 0 : 1;
+  const ir::Value* scale = n.input(1 - at);
+  if (!float_rank4(scale)) return -1;
+  const std::vector<ir::Dim>& d = scale->type.dims;
+  const bool batch = d[0] == ir::Dim::fixed(1) || (d[0] == v->type.dims[0] && (d[0].known() || !d[0].param.empty()));
+  if (!batch || d[1] != ir::Dim::fixed(channels) || d[2] != ir::Dim::fixed(1) || d[3] != ir::Dim::fixed(1)) return -1;
+  return at;
+}
+
 // Collects the convolutions that read `v`, directly or through layout-transparent nodes, with the
-// input they read it as; false when something else sees `v` or a value on the way: another op, a
-// graph output, a subgraph, or a convolution input other than X (0) or Z (3).
-bool blockable_readers(const ir::Model& model, const ir::Value* v, std::vector<ir::Use>& convs) {
+// input they read it as, and the squeeze-and-excitation nodes on the way (`layout_nodes`: a global
+// average pool reading it, a per-channel Mul passing it on); false when something else sees `v` or
+// a value on the way: another op, a graph output, a subgraph, or a convolution input other than X
+// (0) or Z (3). `channels`: v's channel count.
+bool blockable_readers(const ir::Model& model, const ir::Value* v, int64_t channels, std::vector<ir::Use>& convs,
+                       std::vector<ir::Use>& layout_nodes) {
   if (!v || v->is_graph_output() || v->uses().empty()) return false;
   if (v->type.is_tensor() && v->type.elem != DType::Undefined && v->type.elem != DType::Float32) return false;
   if (consumer_count(model, v) != v->uses().size()) return false;  // read inside a subgraph
   for (const ir::Use& u : v->uses()) {
     if (u.input_index == 0 && layout_transparent(*u.node)) {
-      if (!blockable_readers(model, u.node->output(0), convs)) return false;
+      if (!blockable_readers(model, u.node->output(0), channels, convs, layout_nodes)) return false;
+      continue;
+    }
+    if (layout_pool(*u.node, v)) {
+      layout_nodes.push_back(u);
+      continue;
+    }
+    if (channel_scale_input(*u.node, v, channels) == u.input_index) {
+      if (!blockable_readers(model, u.node->output(0), channels, convs, layout_nodes)) return false;
+      layout_nodes.push_back(u);
       continue;
     }
     if (!blockable_conv(*u.node)) return false;
@@ -62,12 +103,14 @@ PassStats BlockConvLayout::run(ir::Model& model) {
   // Decide every edge on the graph as written, then rewrite. An edge is named by its producer.
   std::vector<ir::Node*> producers;
   std::vector<std::vector<ir::Use>> readers;  // per producer: the convolutions its tensor reaches
+  std::vector<std::vector<ir::Use>> se_nodes;  // per producer: the pools and scales on the way
   for (const auto& node : model.graph->nodes()) {
-    std::vector<ir::Use> convs;
+    std::vector<ir::Use> convs, layout_nodes;
     if (blockable_conv(*node) && (channels_last_ || output_channels(*node) % block_ == 0) &&
-        blockable_readers(model, node->output(0), convs)) {
+        blockable_readers(model, node->output(0), output_channels(*node), convs, layout_nodes) && !convs.empty()) {
       producers.push_back(node.get());
       readers.push_back(std::move(convs));
+      se_nodes.push_back(std::move(layout_nodes));
     }
   }
   // A convolution reads and writes its kept tensors in one layout family: oneDNN's direct kernels
@@ -111,6 +154,20 @@ PassStats BlockConvLayout::run(ir::Model& model) {
     for (const ir::Use& u : readers[e]) {
       if (!is_fused_conv(*u.node)) make_fused_conv(model, *u.node);
       u.node->set_attr(ir::Attribute::make_int(u.input_index == 0 ? "x_block" : "z_block", block));
+    }
+    for (const ir::Use& u : se_nodes[e]) {
+      ir::Node* n = u.node;
+      if (n->op_type == "Mul") {
+        if (u.input_index == 1) {  // X (the tensor in the layout) first, the scale second
+          ir::Value* scale = n->input(0);
+          model.graph->set_node_input(n, 0, n->input(1));
+          model.graph->set_node_input(n, 1, scale);
+        }
+        n->op_type = "ScaleChannels";
+      }
+      n->domain = "mpq";
+      if (model.opset("mpq") == 0) model.set_opset("mpq", 1);
+      n->set_attr(ir::Attribute::make_int("x_block", block));
     }
     ++stats.changed;
     stats.notes.push_back(fmt::format("{} stays {} from {} to {} convolution(s)", v->name(),

@@ -14,7 +14,13 @@ namespace mpq::passes {
 // are a multiple of the block, or it is channels-last, so it holds the same number of elements).
 // A tensor may also reach its convolutions through mpq::FakeQuant nodes with one scale (what
 // passes/fuse_qdq_pair makes of a QDQ model's activation QuantizeLinear -> DequantizeLinear pairs):
-// element-wise with one set of parameters, they compute the same values in any layout.
+// element-wise with one set of parameters, they compute the same values in any layout. And through
+// a squeeze-and-excitation block: a GlobalAveragePool reading it becomes mpq::GlobalAveragePool and
+// a Mul by a per-channel scale [1 or N, C, 1, 1] (by declared types) mpq::ScaleChannels, both with
+// the tensor's layout as x_block (runtime/cpu/layout_ops.cpp: the plain ops' bits); the scaled
+// tensor is kept in that layout for the convolutions after it. MobileNetV3's three blocks each had
+// a conversion to NCHW after their depthwise convolution and one back before the next (about 1 us
+// each at 7 x 7).
 // Guarded: never a graph output or a value a subgraph reads, never a tensor any other op reads,
 // float32 only, channels a multiple of the block (without `channels_last` below). The kernel runs a blocked convolution through oneDNN, or through mpq's
 // kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice

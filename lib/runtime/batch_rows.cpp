@@ -53,7 +53,8 @@ const std::unordered_set<std::string>& per_row_ops() {
       "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Abs",
       "Neg", "Exp", "Log", "Sqrt", "Erf", "Gelu", "mpq::Gelu", "Clip", "Identity", "Cast", "Conv", "ConvTranspose",
       "mpq::FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
-      "InstanceNormalization", "LRN", "QuantizeLinear", "DequantizeLinear", "mpq::FakeQuant"};
+      "InstanceNormalization", "LRN", "QuantizeLinear", "DequantizeLinear", "mpq::FakeQuant",
+      "mpq::GlobalAveragePool"};
   return ops;
 }
 
@@ -90,7 +91,10 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     }
     return {};
   }
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "PRelu") {
+  // mpq::ScaleChannels is a Mul by a [1 or N, C, 1, 1] scale, in a convolution layout that keeps
+  // each image's values together.
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "PRelu" ||
+      op == "mpq::ScaleChannels") {
     // Broadcasting aligns trailing axes: an input with rows must span all of the output's axes, and
     // one without must not reach axis 0 (a lower rank, or a leading dimension of 1).
     out_rank = 0;

@@ -302,3 +302,77 @@ TEST_CASE("block_conv_layout leaves a tensor a subgraph reads from the outer sco
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want[i]) < 1e-6);
 }
+
+namespace {
+
+// A squeeze-and-excitation block: x[2,3,9,9] -> a (3 -> C) relu -> r1 -> GlobalAveragePool -> fc1
+// (C -> 8, 1x1) relu -> fc2 (8 -> C, 1x1) HardSigmoid -> s; Mul(r1, s) (or Mul(s, r1)) -> u -> b
+// (C -> 16) -> y. With `full_scale`, the Mul's other input is a [2, C, 9, 9] tensor instead (not a
+// per-channel scale).
+Model se_model(int64_t c, bool scale_first, bool full_scale) {
+  Model m;
+  m.set_opset("", 17);
+  Graph& g = *m.graph;
+  Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{2, 3, 9, 9}));
+  g.add_input(x);
+  Value* r1 = add_relu(g, add_conv(g, x, 3, c, 3, "a", 21)->output(0), "r1");
+  Value* pooled = g.add_value("pooled");
+  g.add_node("GlobalAveragePool", {r1}, {pooled}, "gap");
+  Value* h = add_relu(g, add_conv(g, pooled, c, 8, 1, "fc1", 23)->output(0), "h");
+  Value* s = g.add_value("s");
+  g.add_node("HardSigmoid", {add_conv(g, h, 8, c, 1, "fc2", 25)->output(0)}, {s}, "gate");
+  Value* other = s;
+  if (full_scale) {
+    other = g.add_value("other", ValueType::tensor(DType::Float32, Shape{2, c, 9, 9}));
+    g.add_input(other);
+  }
+  Value* u = g.add_value("u");
+  g.add_node("Mul", scale_first ? std::vector<Value*>{other, r1} : std::vector<Value*>{r1, other}, {u}, "scale");
+  Value* y = add_conv(g, u, c, 16, 3, "b", 27)->output(0);
+  g.add_output(y);
+  g.add_output(pooled);  // the pool's output is plain [2, C, 1, 1] in any layout: a graph output may read it
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("block_conv_layout keeps a squeeze-and-excitation block's tensor in the convolutions' layout",
+          "[passes][blocked]") {
+  const int64_t last = rt::cpu::kChannelsLast;
+  for (const int64_t c : {int64_t{16}, int64_t{24}})
+    for (const bool scale_first : {false, true}) {
+      INFO(c << " channels" << (scale_first ? ", the scale first" : ""));
+      const int64_t want = c == 16 ? 16 : last;  // 24 channels: channels-last
+      const Model m = fused_and_blocked(se_model(c, scale_first, false), 16, nullptr, /*channels_last=*/true);
+      CHECK(blocks_of(m, "a").y == want);
+      CHECK(blocks_of(m, "b").x == want);
+      CHECK(blocks_of(m, "fc1").x == 0);  // the pool's [N, C, 1, 1] output is plain
+      const Node& gap = node_named(m, "gap");
+      CHECK((gap.domain == "mpq" && gap.op_type == "GlobalAveragePool" && gap.attr_int("x_block", 0) == want));
+      const Node& scale = node_named(m, "scale");
+      CHECK((scale.domain == "mpq" && scale.op_type == "ScaleChannels" && scale.attr_int("x_block", 0) == want));
+      CHECK(scale.input(0)->name() == "r1");  // X first, whichever side it was on
+      CHECK(scale.input(1)->name() == "s");
+      const rt::Feeds f{{"x", test::random_tensor({2, 3, 9, 9}, 44, -2.0f, 2.0f)}};
+      const auto want_out = test::run_model(se_model(c, scale_first, false), f);
+      for (const auto use : {rt::cpu::OnednnUse::Auto, rt::cpu::OnednnUse::Off}) {
+        rt::cpu::ScopedOnednn scope(use);
+        const auto got = test::run_model(m, f);
+        REQUIRE(got.size() == want_out.size());
+        for (size_t i = 0; i < got.size(); ++i) CHECK(test::rel_l2(got[i], want_out[i]) < 1e-5);
+      }
+    }
+  // Without channels-last, 24 channels stay plain, the block with them; at 8-channel blocks 16 do not.
+  const Model plain24 = fused_and_blocked(se_model(24, false, false), 16);
+  CHECK(blocks_of(plain24, "a").y == 0);
+  CHECK(node_named(plain24, "gap").domain.empty());
+  CHECK(node_named(plain24, "scale").op_type == "Mul");
+  const Model eight = fused_and_blocked(se_model(16, false, false), 8);
+  CHECK(blocks_of(eight, "a").y == 8);
+  CHECK(node_named(eight, "scale").attr_int("x_block", 0) == 8);
+  // A Mul by a full tensor is not a per-channel scale: r1 stays plain, the Mul a Mul.
+  const Model full = fused_and_blocked(se_model(16, false, true), 16, nullptr, true);
+  CHECK(blocks_of(full, "a").y == 0);
+  CHECK(node_named(full, "scale").op_type == "Mul");
+  CHECK(node_named(full, "gap").domain.empty());
+}

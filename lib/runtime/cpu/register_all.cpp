@@ -18,6 +18,7 @@ void register_all(OpRegistry& r) {
   cpu::register_control_flow(r);
   cpu::register_rnn(r);
   cpu::register_fake_quant(r);
+  cpu::register_layout_ops(r);
 }
 
 }  // namespace mpq::rt

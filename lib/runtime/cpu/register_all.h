@@ -19,5 +19,6 @@ void register_quant(OpRegistry& r);         // quant.cpp: Quantize/DequantizeLin
 void register_control_flow(OpRegistry& r);  // control_flow.cpp: If, Loop, Scan
 void register_rnn(OpRegistry& r);           // rnn.cpp: LSTM, GRU, RNN
 void register_fake_quant(OpRegistry& r);    // fake_quant.cpp: mpq::FakeQuant (quantization-aware training)
+void register_layout_ops(OpRegistry& r);    // layout_ops.cpp: mpq::GlobalAveragePool, mpq::ScaleChannels
 
 }  // namespace mpq::rt::cpu
