@@ -39,6 +39,83 @@ Rows rows_of(KernelContext& ctx, const Tensor& x, int64_t block) {
   return {c / block, block};
 }
 
+// The loop bodies, compiled for AVX-512, AVX2 and the baseline (the build's SSE2 alone vectorises
+// them four lanes wide: the 120-channel pool at 7 x 7 took 0.8 us). Sums and products in the same
+// order in every build: the same bits.
+constexpr int64_t kPartials = 8;  // GlobalAveragePool's partial sums (pool.cpp)
+
+// One group's [S, width] values into out[0, width): eight partial sums over the positions i mod 8,
+// added in order, the leftover positions, one division. part: 8 * width floats, acc: width.
+__attribute__((always_inline)) inline void pool_group(const float* __restrict rows, int64_t s, int64_t width,
+                                                      float* __restrict part, float* __restrict acc,
+                                                      float* __restrict out) {
+  const int64_t s8 = s / kPartials * kPartials;
+  std::fill(part, part + kPartials * width, 0.0f);
+  for (int64_t i = 0; i < s8; i += kPartials)
+    for (int64_t j = 0; j < kPartials; ++j) {
+      const float* row = rows + (i + j) * width;
+      float* pj = part + j * width;
+      for (int64_t k = 0; k < width; ++k) pj[k] += row[k];
+    }
+  std::fill(acc, acc + width, 0.0f);
+  for (int64_t j = 0; j < kPartials; ++j)
+    for (int64_t k = 0; k < width; ++k) acc[k] += part[j * width + k];
+  for (int64_t i = s8; i < s; ++i)
+    for (int64_t k = 0; k < width; ++k) acc[k] += rows[i * width + k];
+  for (int64_t k = 0; k < width; ++k) out[k] = s > 0 ? acc[k] / static_cast<float>(s) : 0.0f;
+}
+
+// One group's [S, width] values times its width scales.
+__attribute__((always_inline)) inline void scale_group(const float* __restrict x, const float* __restrict scale,
+                                                       int64_t s, int64_t width, float* __restrict y) {
+  if (width == 1) {
+    const float f = scale[0];
+    for (int64_t i = 0; i < s; ++i) y[i] = x[i] * f;
+    return;
+  }
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t k = 0; k < width; ++k) y[i * width + k] = x[i * width + k] * scale[k];
+}
+
+using PoolGroupFn = void (*)(const float*, int64_t, int64_t, float*, float*, float*);
+using ScaleGroupFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
+
+__attribute__((target("avx512f"))) void pool_group_avx512(const float* rows, int64_t s, int64_t width, float* part,
+                                                          float* acc, float* out) {
+  pool_group(rows, s, width, part, acc, out);
+}
+__attribute__((target("avx2"))) void pool_group_avx2(const float* rows, int64_t s, int64_t width, float* part,
+                                                     float* acc, float* out) {
+  pool_group(rows, s, width, part, acc, out);
+}
+void pool_group_base(const float* rows, int64_t s, int64_t width, float* part, float* acc, float* out) {
+  pool_group(rows, s, width, part, acc, out);
+}
+__attribute__((target("avx512f"))) void scale_group_avx512(const float* x, const float* scale, int64_t s,
+                                                           int64_t width, float* y) {
+  scale_group(x, scale, s, width, y);
+}
+__attribute__((target("avx2"))) void scale_group_avx2(const float* x, const float* scale, int64_t s, int64_t width,
+                                                      float* y) {
+  scale_group(x, scale, s, width, y);
+}
+void scale_group_base(const float* x, const float* scale, int64_t s, int64_t width, float* y) {
+  scale_group(x, scale, s, width, y);
+}
+
+PoolGroupFn pool_group_fn() {
+  static const PoolGroupFn fn = __builtin_cpu_supports("avx512f") ? pool_group_avx512
+                                : __builtin_cpu_supports("avx2")  ? pool_group_avx2
+                                                                  : pool_group_base;
+  return fn;
+}
+ScaleGroupFn scale_group_fn() {
+  static const ScaleGroupFn fn = __builtin_cpu_supports("avx512f") ? scale_group_avx512
+                                 : __builtin_cpu_supports("avx2")  ? scale_group_avx2
+                                                                   : scale_group_base;
+  return fn;
+}
+
 void global_average_pool_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Rows r = rows_of(ctx, x, ctx.node().attr_int("x_block", 0));
@@ -46,32 +123,16 @@ void global_average_pool_kernel(KernelContext& ctx) {
   Tensor& y = ctx.alloc_output(0, DType::Float32, Shape{n, c, 1, 1});
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  constexpr int64_t L = 8;  // GlobalAveragePool's partial sums (pool.cpp)
-  const int64_t s8 = s / L * L;
+  const PoolGroupFn pool_one = pool_group_fn();
   ctx.pool().parallel_for(n * r.groups, math::grain_for(s * r.width, 16384), [&](int64_t lo, int64_t hi) {
     // The partial sums of one group, kept per thread between calls (no allocation per run).
     thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<size_t>((L + 1) * r.width)) scratch.resize(static_cast<size_t>((L + 1) * r.width));
-    float* __restrict part = scratch.data();
-    float* __restrict acc = part + L * r.width;
-    for (int64_t g = lo; g < hi; ++g) {
-      const float* __restrict rows = xp + g * s * r.width;  // [S, width]
-      std::fill(part, part + L * r.width, 0.0f);
-      for (int64_t i = 0; i < s8; i += L)
-        for (int64_t j = 0; j < L; ++j) {
-          const float* row = rows + (i + j) * r.width;
-          float* pj = part + j * r.width;
-          for (int64_t k = 0; k < r.width; ++k) pj[k] += row[k];
-        }
-      std::fill(acc, acc + r.width, 0.0f);
-      for (int64_t j = 0; j < L; ++j)
-        for (int64_t k = 0; k < r.width; ++k) acc[k] += part[j * r.width + k];
-      for (int64_t i = s8; i < s; ++i)
-        for (int64_t k = 0; k < r.width; ++k) acc[k] += rows[i * r.width + k];
-      // Group g of image g / groups holds channels (g % groups) * width + k.
-      float* out = yp + (g / r.groups) * c + (g % r.groups) * r.width;
-      for (int64_t k = 0; k < r.width; ++k) out[k] = s > 0 ? acc[k] / static_cast<float>(s) : 0.0f;
-    }
+    const auto need = static_cast<size_t>((kPartials + 1) * r.width);
+    if (scratch.size() < need) scratch.resize(need);
+    // Group g of image g / groups holds channels (g % groups) * width + k.
+    for (int64_t g = lo; g < hi; ++g)
+      pool_one(xp + g * s * r.width, s, r.width, scratch.data(), scratch.data() + kPartials * r.width,
+               yp + (g / r.groups) * c + (g % r.groups) * r.width);
   });
 }
 
@@ -89,20 +150,13 @@ void scale_channels_kernel(KernelContext& ctx) {
   const float* sp = scale.data<float>();
   float* yp = y.data<float>();
   const bool per_image = scale.dim(0) == n && n > 1;
-  // One task per (image, group): its S x width values and the width scales they take.
+  // One task per (image, group): its S x width values and the width scales they take. In place
+  // (Y in X's buffer) is fine: each value is read once, before it is written.
+  const ScaleGroupFn scale_one = scale_group_fn();
   ctx.pool().parallel_for(n * r.groups, math::grain_for(s * r.width, 16384), [&](int64_t lo, int64_t hi) {
-    for (int64_t g = lo; g < hi; ++g) {
-      const float* sg = sp + (per_image ? (g / r.groups) * c : 0) + (g % r.groups) * r.width;
-      const float* xg = xp + g * s * r.width;
-      float* yg = yp + g * s * r.width;
-      if (r.width == 1) {
-        const float f = sg[0];
-        for (int64_t i = 0; i < s; ++i) yg[i] = xg[i] * f;
-        continue;
-      }
-      for (int64_t i = 0; i < s; ++i)
-        for (int64_t k = 0; k < r.width; ++k) yg[i * r.width + k] = xg[i * r.width + k] * sg[k];
-    }
+    for (int64_t g = lo; g < hi; ++g)
+      scale_one(xp + g * s * r.width, sp + (per_image ? (g / r.groups) * c : 0) + (g % r.groups) * r.width, s,
+                r.width, yp + g * s * r.width);
   });
 }
 
