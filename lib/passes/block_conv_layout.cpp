@@ -107,7 +107,7 @@ PassStats BlockConvLayout::run(ir::Model& model) {
   for (const auto& node : model.graph->nodes()) {
     std::vector<ir::Use> convs, layout_nodes;
     if (blockable_conv(*node) && (channels_last_ || output_channels(*node) % block_ == 0) &&
-        blockable_readers(model, node->output(0), output_channels(*node), convs, layout_nodes) && !convs.empty()) {
+        blockable_readers(model, node->output(0), output_channels(*node), convs, layout_nodes)) {
       producers.push_back(node.get());
       readers.push_back(std::move(convs));
       se_nodes.push_back(std::move(layout_nodes));
@@ -133,9 +133,16 @@ PassStats BlockConvLayout::run(ir::Model& model) {
     meet(producers[e], e);
     for (const ir::Use& u : readers[e]) meet(u.node, e);
   }
+  // An edge only pools read (a network's last convolution before its global pool) takes its
+  // producer's layout where its channels fit it and is left plain where not: it does not make a
+  // whole chain channels-last for the sake of one pool. Alone in its group, it decides by itself.
   std::vector<char> channels_last(producers.size(), 0);
+  std::vector<size_t> group_edges(producers.size(), 0);
+  for (size_t e = 0; e < producers.size(); ++e) ++group_edges[find(e)];
+  auto pool_only = [&](size_t e) { return readers[e].empty(); };
   for (size_t e = 0; e < producers.size(); ++e)
-    if (output_channels(*producers[e]) % block_ != 0) channels_last[find(e)] = 1;
+    if (output_channels(*producers[e]) % block_ != 0 && (!pool_only(e) || group_edges[find(e)] == 1))
+      channels_last[find(e)] = 1;
   // oneDNN's int8 kernels (passes/int8_conv) take NHWC in and out only: a group with such a
   // convolution is kept channels-last, where its float convolutions run directly too.
   if (channels_last_)
@@ -149,6 +156,7 @@ PassStats BlockConvLayout::run(ir::Model& model) {
     ir::Node* p = producers[e];
     ir::Value* v = p->output(0);
     const int64_t block = channels_last[find(e)] ? rt::cpu::kChannelsLast : block_;
+    if (!rt::cpu::fits_channel_block(block, output_channels(*p))) continue;  // a pool-only edge (above)
     if (!is_fused_conv(*p)) make_fused_conv(model, *p);
     p->set_attr(ir::Attribute::make_int("y_block", block));
     for (const ir::Use& u : readers[e]) {

@@ -20,7 +20,8 @@ namespace mpq::passes {
 // the tensor's layout as x_block (runtime/cpu/layout_ops.cpp: the plain ops' bits); the scaled
 // tensor is kept in that layout for the convolutions after it. MobileNetV3's three blocks each had
 // a conversion to NCHW after their depthwise convolution and one back before the next (about 1 us
-// each at 7 x 7).
+// each at 7 x 7). A tensor only global pools read (a network's last convolution before its pool)
+// is kept in its producer's layout too where its channels fit it.
 // Guarded: never a graph output or a value a subgraph reads, never a tensor any other op reads,
 // float32 only, channels a multiple of the block (without `channels_last` below). The kernel runs a blocked convolution through oneDNN, or through mpq's
 // kernels with explicit conversions where oneDNN has no direct kernel for the shape, so the choice

@@ -110,14 +110,16 @@ TEST_CASE("block_conv_layout keeps convolution-to-convolution tensors blocked", 
   const Model plain = chain_model(false);
   passes::PassStats stats;
   const Model m = fused_and_blocked(chain_model(false), 8, &stats);
-  CHECK(stats.changed == 3);  // r1, r2, r3
+  CHECK(stats.changed == 4);  // r1, r2, r3 and e's output, which only a global pool reads
   const Blocks a = blocks_of(m, "a"), b = blocks_of(m, "b"), c = blocks_of(m, "c"), d = blocks_of(m, "d"),
                e = blocks_of(m, "e");
   CHECK((a.x == 0 && a.z == 0 && a.y == 8));
   CHECK((b.x == 8 && b.z == 8 && b.y == 8));  // r1 is both its input and its residual
   CHECK((c.x == 8 && c.y == 8));
   CHECK((d.x == 8 && d.y == 0));  // 12 output channels, read by a pooling: plain
-  CHECK((e.x == 8 && e.y == 0));
+  CHECK((e.x == 8 && e.y == 8));  // 8 channels: the pool reads them blocked
+  CHECK(node_named(m, "gap").domain.empty());
+  CHECK((node_named(m, "gap2").domain == "mpq" && node_named(m, "gap2").attr_int("x_block", 0) == 8));
   // c had no activation: it became a FusedConv to carry the layout.
   CHECK(node_named(m, "c").op_type == "FusedConv");
   CHECK(node_named(m, "c").domain == "mpq");
@@ -142,18 +144,23 @@ TEST_CASE("block_conv_layout with channels-last keeps a chain with a 24-channel 
   const int64_t last = rt::cpu::kChannelsLast;
   passes::PassStats stats;
   const Model m = fused_and_blocked(chain_model(false), 16, &stats, /*channels_last=*/true);
-  CHECK(stats.changed == 3);  // r1, r2 and r3
+  CHECK(stats.changed == 5);  // r1, r2 and r3, and d's and e's outputs, which only global pools read
   for (const char* name : {"a", "b", "c"}) CHECK(blocks_of(m, name).y == last);
   for (const char* name : {"b", "c", "d", "e"}) CHECK(blocks_of(m, name).x == last);
   CHECK(blocks_of(m, "b").z == last);
-  CHECK(blocks_of(m, "d").y == 0);  // read by GlobalAveragePool
-  CHECK(blocks_of(m, "e").y == 0);
+  CHECK(blocks_of(m, "d").y == last);  // read by GlobalAveragePool, in the group's layout
+  CHECK(blocks_of(m, "e").y == last);
+  for (const char* name : {"gap", "gap2"}) CHECK(node_named(m, name).attr_int("x_block", 0) == last);
   check_same_outputs(chain_model(false), m);
 
-  // Where every count is a multiple of the block, the option changes nothing.
+  // Where every count is a multiple of the block, the option changes nothing: d's 12 channels, read
+  // only by a pool, neither fit 8-channel blocks nor make the chain channels-last; they stay plain.
   const Model eight = fused_and_blocked(chain_model(false), 8, nullptr, true);
-  for (const char* name : {"a", "b", "c"}) CHECK(blocks_of(eight, name).y == 8);
+  for (const char* name : {"a", "b", "c", "e"}) CHECK(blocks_of(eight, name).y == 8);
   CHECK(blocks_of(eight, "d").x == 8);
+  CHECK(blocks_of(eight, "d").y == 0);
+  CHECK(node_named(eight, "gap").domain.empty());
+  check_same_outputs(chain_model(false), eight);
 
   // Two groups: a tensor that a MaxPool reads splits the chain, and each group decides for itself.
   auto split = [] {
