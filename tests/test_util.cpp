@@ -14,6 +14,8 @@
 #include "ir/onnx_io.h"
 #include "ir/onnx_tools.h"
 #include "runtime/blas_kernels.h"
+#include "runtime/cpu/channel_blocks.h"
+#include "runtime/thread_pool.h"
 #include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 
@@ -213,5 +215,33 @@ bool BlasKernelSwitch::to(const std::string& kernels) {
 }
 
 bool BlasKernelSwitch::restore() { return to(before_); }
+
+Tensor in_channel_layout(const Tensor& plain, int64_t block) {
+  if (block == 0) return plain;
+  Tensor out(DType::Float32, plain.shape());
+  rt::ThreadPool pool(2);  // the conversion on a pool of two, as the executor may run it
+  rt::cpu::to_channel_blocks(pool, plain.data<float>(), out.data<float>(), plain.dim(0), plain.dim(1),
+                             plain.dim(2) * plain.dim(3), block);
+  return out;
+}
+
+Tensor from_channel_layout(const Tensor& t, int64_t block) {
+  if (block == 0) return t;
+  Tensor out(DType::Float32, t.shape());
+  rt::ThreadPool pool(1);
+  rt::cpu::from_channel_blocks(pool, t.data<float>(), out.data<float>(), t.dim(0), t.dim(1), t.dim(2) * t.dim(3),
+                               block);
+  return out;
+}
+
+rt::cpu::Int8ConvScales int8_conv_scales(int64_t m, uint32_t seed) {
+  rt::cpu::Int8ConvScales q;
+  q.x_inv = 50.0f;
+  q.w_inv.assign(static_cast<size_t>(m), 400.0f);
+  q.out.assign(static_cast<size_t>(m), 1.0f / (50.0f * 400.0f));
+  const Tensor b = random_tensor({m}, seed, -0.2f, 0.2f);
+  for (int64_t i = 0; i < m; ++i) q.bias.push_back(b.data<float>()[i] / q.out[static_cast<size_t>(i)]);
+  return q;
+}
 
 }  // namespace mpq::test

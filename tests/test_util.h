@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "ir/graph.h"
+#include "runtime/cpu/conv_onednn.h"
 #include "runtime/executor.h"
 
 namespace mpq::test {
@@ -95,5 +96,14 @@ class BlasKernelSwitch {
  private:
   std::string before_, why_;
 };
+
+// A float32 [N, C, H, W] tensor in a convolution layout (runtime/cpu/channel_blocks.h: 0 plain,
+// 8 or 16 channel blocks, kChannelsLast), and back to plain NCHW; the shape stays NCHW.
+Tensor in_channel_layout(const Tensor& plain, int64_t block);
+Tensor from_channel_layout(const Tensor& t, int64_t block);
+
+// Scales for an int8 convolution with m output channels (inputs in [-2, 2] quantize within
+// [-100, 100]) and a random bias in [-0.2, 0.2] from `seed`.
+rt::cpu::Int8ConvScales int8_conv_scales(int64_t m, uint32_t seed);
 
 }  // namespace mpq::test

@@ -409,16 +409,6 @@ rt::cpu::DnnlConvShape band_shape(const BandCase& k, const rt::cpu::Int8ConvScal
   return s;
 }
 
-rt::cpu::Int8ConvScales band_scales(int64_t m) {
-  rt::cpu::Int8ConvScales q;
-  q.x_inv = 50.0f;  // inputs in [-2, 2]: integers within [-100, 100]
-  q.w_inv.assign(static_cast<size_t>(m), 400.0f);
-  q.out.assign(static_cast<size_t>(m), 1.0f / (50.0f * 400.0f));
-  const Tensor b = test::random_tensor({m}, 61, -0.2f, 0.2f);
-  for (int64_t i = 0; i < m; ++i) q.bias.push_back(b.data<float>()[i] / q.out[static_cast<size_t>(i)]);
-  return q;
-}
-
 // The convolution `s` on a pool of `threads`, with a node state (so that it may be split) or
 // without (always whole).
 Tensor conv_of(const rt::cpu::DnnlConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* z,
@@ -449,7 +439,7 @@ TEST_CASE("int8 row bands of one image give the whole convolution's bits", "[int
                             BandCase{16, 16, 2, 9, 1, 1, 8, 0, false}}) {  // 10 rows, the top 8 padding
     INFO(k.c << " -> " << k.m << ", " << k.h << " x " << k.w << ", " << k.k << "x" << k.k << " stride " << k.stride
               << ", pads " << k.pad_top << "/" << k.pad_bottom << (k.residual ? ", residual" : ""));
-    const rt::cpu::Int8ConvScales q = band_scales(k.m);
+    const rt::cpu::Int8ConvScales q = test::int8_conv_scales(k.m, 61);
     const rt::cpu::DnnlConvShape s = band_shape(k, q);
     const Tensor x = test::random_tensor({1, k.h, k.w, k.c}, 62, -2.0f, 2.0f);
     const Tensor w = test::random_tensor({k.m, k.c, k.k, k.k}, 63, -0.3f, 0.3f);
@@ -472,7 +462,7 @@ TEST_CASE("an int8 convolution requantizes by division where 1 / scale overflows
   // sum times inf is NaN, which oneDNN's clip turns into the lower bound. The division gives the
   // bound for every non-zero value and 0 for a zero one, as FakeQuant does.
   const BandCase k{16, 16, 7, 9, 3, 1, 1, 1, false};
-  const rt::cpu::Int8ConvScales q = band_scales(k.m);
+  const rt::cpu::Int8ConvScales q = test::int8_conv_scales(k.m, 61);
   rt::cpu::DnnlConvShape s = band_shape(k, q);
   const Tensor x = test::random_tensor({1, k.h, k.w, k.c}, 66, -2.0f, 2.0f);
   const Tensor w = test::random_tensor({k.m, k.c, k.k, k.k}, 67, -0.3f, 0.3f);

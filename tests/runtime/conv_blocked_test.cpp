@@ -24,24 +24,6 @@ namespace {
 
 using Attrs = std::vector<ir::Attribute>;
 
-Tensor blocked(const Tensor& plain, int64_t block) {
-  if (block == 0) return plain;
-  Tensor out(DType::Float32, plain.shape());
-  rt::ThreadPool pool(2);
-  rt::cpu::to_channel_blocks(pool, plain.data<float>(), out.data<float>(), plain.dim(0), plain.dim(1),
-                             plain.dim(2) * plain.dim(3), block);
-  return out;
-}
-
-Tensor unblocked(const Tensor& t, int64_t block) {
-  if (block == 0) return t;
-  Tensor out(DType::Float32, t.shape());
-  rt::ThreadPool pool(1);
-  rt::cpu::from_channel_blocks(pool, t.data<float>(), out.data<float>(), t.dim(0), t.dim(1), t.dim(2) * t.dim(3),
-                               block);
-  return out;
-}
-
 struct BlockCase {
   int64_t n, c, m, group;
   std::vector<int64_t> in, kernel, strides, pads;
@@ -79,22 +61,22 @@ struct ZYBuffers {
 TEST_CASE("channel-blocked layout conversions follow [N, C/b, H*W, b] and invert each other", "[conv][blocked]") {
   for (const int64_t block : {8, 16}) {
     const Tensor x = test::random_tensor({2, 2 * block, 3, 5}, static_cast<uint32_t>(block));
-    const Tensor b = blocked(x, block);
+    const Tensor b = test::in_channel_layout(x, block);
     const int64_t C = x.dim(1), S = 15;
     for (int64_t n = 0; n < 2; ++n)
       for (int64_t c = 0; c < C; ++c)
         for (int64_t s = 0; s < S; ++s)
           REQUIRE(b.data<float>()[((n * (C / block) + c / block) * S + s) * block + c % block] ==
                   x.data<float>()[(n * C + c) * S + s]);
-    CHECK(test::max_abs_diff(unblocked(b, block), x) == 0.0);
+    CHECK(test::max_abs_diff(test::from_channel_layout(b, block), x) == 0.0);
   }
   // Channels-last: one block of all C channels, NHWC.
   const Tensor x = test::random_tensor({2, 24, 3, 5}, 24);
-  const Tensor nhwc = blocked(x, rt::cpu::kChannelsLast);
+  const Tensor nhwc = test::in_channel_layout(x, rt::cpu::kChannelsLast);
   for (int64_t n = 0; n < 2; ++n)
     for (int64_t c = 0; c < 24; ++c)
       for (int64_t s = 0; s < 15; ++s) REQUIRE(nhwc.data<float>()[(n * 15 + s) * 24 + c] == x.data<float>()[(n * 24 + c) * 15 + s]);
-  CHECK(test::max_abs_diff(unblocked(nhwc, rt::cpu::kChannelsLast), x) == 0.0);
+  CHECK(test::max_abs_diff(test::from_channel_layout(nhwc, rt::cpu::kChannelsLast), x) == 0.0);
   CHECK(rt::cpu::valid_channel_block(0));
   CHECK(rt::cpu::valid_channel_block(8));
   CHECK(rt::cpu::valid_channel_block(16));
@@ -143,10 +125,10 @@ TEST_CASE("FusedConv on channel-blocked tensors matches the plain reference on b
                     ir::Attribute::make_ints("pads", k.pads), ir::Attribute::make_string("activation", "Relu"),
                     ir::Attribute::make_int("x_block", xb), ir::Attribute::make_int("y_block", yb)};
         if (with_z) attrs.push_back(ir::Attribute::make_int("z_block", zb));
-        std::vector<Tensor> ins{blocked(x, xb), w, b};
-        if (with_z) ins.push_back(blocked(z, zb));
+        std::vector<Tensor> ins{test::in_channel_layout(x, xb), w, b};
+        if (with_z) ins.push_back(test::in_channel_layout(z, zb));
         auto run = [&](int threads) {
-          return unblocked(test::run_node("FusedConv", ins, attrs, 1, 17, threads, "mpq")[0], yb);
+          return test::from_channel_layout(test::run_node("FusedConv", ins, attrs, 1, 17, threads, "mpq")[0], yb);
         };
         const double tol = 1e-4 * std::max(1.0, test::max_abs_diff(want, Tensor::zeros(DType::Float32, want.shape())));
         {
@@ -215,7 +197,7 @@ TEST_CASE("A first layer writing channels-last output runs right (16 channels as
         for (int64_t i = 0; i < want.numel(); ++i) p[i] = std::nearbyint(std::clamp(p[i] / s, -128.0f, 127.0f)) * s;
       }
       const uint64_t before = rt::cpu::onednn_conv_count();
-      const Tensor got = unblocked(test::run_node("FusedConv", {x, w, b}, attrs, 1, 17, 1, "mpq")[0],
+      const Tensor got = test::from_channel_layout(test::run_node("FusedConv", {x, w, b}, attrs, 1, 17, 1, "mpq")[0],
                                    rt::cpu::kChannelsLast);
       if (rt::cpu::onednn_available()) CHECK(rt::cpu::onednn_conv_count() == before + 1);
       // Float sums in another order than the reference's: with fake quantization a value within
@@ -348,7 +330,7 @@ TEST_CASE("FusedConv state with blocked input, residual and output across batch 
     const Tensor in = test::random_tensor({batch, 16, 6, 5}, seed++, -2.0f, 2.0f);
     const Tensor res = test::random_tensor({batch, 8, 6, 5}, seed++, -2.0f, 2.0f);
     const Tensor want = want_of(in, w, b, &res, k);
-    const Tensor got = unblocked(exec.run({{"x", blocked(in, 8)}, {"z", blocked(res, 8)}})[0], 8);
+    const Tensor got = test::from_channel_layout(exec.run({{"x", test::in_channel_layout(in, 8)}, {"z", test::in_channel_layout(res, 8)}})[0], 8);
     CHECK(test::max_abs_diff(got, want) <= 1e-3);
   }
   // One count per convolution, also where the batch of 3 was split over the two threads.
@@ -407,7 +389,7 @@ TEST_CASE("FusedConv sums into a dying Z's buffer only where nothing else can se
         rt::Executor exec(m, eo);
         ZYBuffers buffers(exec);
         const Tensor feed_z = use == ZUse::Feed ? zr.clone() : Tensor();
-        rt::Feeds feeds{{"x", blocked(x, x_block)}};
+        rt::Feeds feeds{{"x", test::in_channel_layout(x, x_block)}};
         if (use == ZUse::Feed) feeds.emplace("z", feed_z);
         else feeds.emplace("zin", zin);
         const std::vector<Tensor> outs = exec.run(feeds);
@@ -522,10 +504,10 @@ TEST_CASE("FusedConv sums in place into a dying channel-blocked Z", "[conv][stat
     ZYBuffers buffers(exec);
     const uint64_t before = rt::cpu::onednn_conv_count();
     const uint64_t split_before = rt::cpu::onednn_batch_split_count();
-    const Tensor got = exec.run({{"x", blocked(x, block)}, {"zin", zin}})[0];
+    const Tensor got = exec.run({{"x", test::in_channel_layout(x, block)}, {"zin", zin}})[0];
     CHECK(rt::cpu::onednn_conv_count() == before + 2);
     CHECK(rt::cpu::onednn_batch_split_count() == split_before + (threads == 2 ? 2 : 0));
-    CHECK(test::max_abs_diff(unblocked(got, block), want) <= 1e-3);
+    CHECK(test::max_abs_diff(test::from_channel_layout(got, block), want) <= 1e-3);
     REQUIRE(buffers.z != nullptr);
     CHECK(buffers.y == buffers.z);
   }
@@ -580,14 +562,14 @@ TEST_CASE("A batch split over the threads gives each image the bits of the whole
       INFO("block " << block << " batch " << batch);
       const Tensor in = test::random_tensor({batch, 16, 11, 9}, seed++, -2.0f, 2.0f);
       const Tensor res = test::random_tensor({batch, 16, 11, 9}, seed++, -2.0f, 2.0f);
-      const rt::Feeds feeds{{"x", blocked(in, block)}, {"z", blocked(res, block)}};
+      const rt::Feeds feeds{{"x", test::in_channel_layout(in, block)}, {"z", test::in_channel_layout(res, block)}};
       const Tensor want = whole.run(feeds)[0];
       const uint64_t before = rt::cpu::onednn_batch_split_count();
       const Tensor got = split.run(feeds)[0];
       const bool splits = batch > 1 && (batch % 2 == 0 || batch >= 8);
       CHECK(rt::cpu::onednn_batch_split_count() == before + (splits ? 1 : 0));
       CHECK(test::max_abs_diff(got, want) == 0.0);
-      CHECK(test::max_abs_diff(unblocked(got, block), want_of(in, w, b, &res, k)) <= 1e-3);
+      CHECK(test::max_abs_diff(test::from_channel_layout(got, block), want_of(in, w, b, &res, k)) <= 1e-3);
     }
   }
 }

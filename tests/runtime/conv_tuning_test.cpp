@@ -45,16 +45,6 @@ rt::cpu::DnnlConvShape shape_of(const TuningCase& k, const rt::cpu::Int8ConvScal
   return s;
 }
 
-rt::cpu::Int8ConvScales scales_of(int64_t m) {
-  rt::cpu::Int8ConvScales q;
-  q.x_inv = 50.0f;  // inputs in [-2, 2]: integers within [-100, 100]
-  q.w_inv.assign(static_cast<size_t>(m), 400.0f);
-  q.out.assign(static_cast<size_t>(m), 1.0f / (50.0f * 400.0f));
-  const Tensor b = test::random_tensor({m}, 71, -0.2f, 0.2f);
-  for (int64_t i = 0; i < m; ++i) q.bias.push_back(b.data<float>()[i] / q.out[static_cast<size_t>(i)]);
-  return q;
-}
-
 // One call: y = conv(x) (+ z), with Y in Z's buffer where the case says so (z is copied there first).
 void conv_once(rt::ThreadPool& pool, const rt::cpu::DnnlConvShape& s, const TuningCase& k, const Tensor& x,
                const Tensor& w, const Tensor& b, const Tensor& z, Tensor& y, rt::cpu::OnednnConvState* st) {
@@ -100,7 +90,7 @@ TEST_CASE("A measured choice of threads gives the one-thread bits on every call 
   uint32_t seed = 7100;
   for (const TuningCase& k : cases) {
     INFO(k.name);
-    const rt::cpu::Int8ConvScales q = scales_of(k.m);
+    const rt::cpu::Int8ConvScales q = test::int8_conv_scales(k.m, 71);
     const rt::cpu::DnnlConvShape s = shape_of(k, &q);
     // The layouts only reorder values; random values serve for any of them.
     const Tensor x = test::random_tensor({k.n, k.c, k.h, k.w}, seed++, -2.0f, 2.0f);

@@ -15,24 +15,6 @@ using namespace mpq;
 
 namespace {
 
-Tensor in_layout(const Tensor& plain, int64_t block) {
-  if (block == 0) return plain;
-  Tensor out(DType::Float32, plain.shape());
-  rt::ThreadPool pool(1);
-  rt::cpu::to_channel_blocks(pool, plain.data<float>(), out.data<float>(), plain.dim(0), plain.dim(1),
-                             plain.dim(2) * plain.dim(3), block);
-  return out;
-}
-
-Tensor to_plain(const Tensor& t, int64_t block) {
-  if (block == 0) return t;
-  Tensor out(DType::Float32, t.shape());
-  rt::ThreadPool pool(1);
-  rt::cpu::from_channel_blocks(pool, t.data<float>(), out.data<float>(), t.dim(0), t.dim(1), t.dim(2) * t.dim(3),
-                               block);
-  return out;
-}
-
 std::vector<ir::Attribute> layout_attr(int64_t block) { return {ir::Attribute::make_int("x_block", block)}; }
 
 }  // namespace
@@ -54,24 +36,24 @@ TEST_CASE("mpq::GlobalAveragePool and mpq::ScaleChannels give the plain ops' bit
         for (const int threads : {1, 2}) {
           INFO(k.n << " x " << k.c << " x " << k.h << " x " << k.w << ", scale batch " << scale_batch << ", layout "
                    << block << ", " << threads << " thread(s)");
-          const Tensor xl = in_layout(x, block);
+          const Tensor xl = test::in_channel_layout(x, block);
           const Tensor pooled = test::run_node("GlobalAveragePool", {xl}, layout_attr(block), 1, 17, threads, "mpq")[0];
           CHECK(pooled.shape() == want_pool.shape());
           CHECK(test::same_bits(pooled, want_pool));
           const Tensor scaled = test::run_node("ScaleChannels", {xl, s}, layout_attr(block), 1, 17, threads, "mpq")[0];
           CHECK(scaled.shape() == x.shape());
-          CHECK(test::same_bits(to_plain(scaled, block), want_scaled));
+          CHECK(test::same_bits(test::from_channel_layout(scaled, block), want_scaled));
         }
     }
   }
   // Large enough to split over the threads: the same bits on two.
   const Tensor big = test::random_tensor({4, 64, 30, 30}, 8199, -1.0f, 1.0f);
-  const Tensor bl = in_layout(big, rt::cpu::kChannelsLast);
+  const Tensor bl = test::in_channel_layout(big, rt::cpu::kChannelsLast);
   const Tensor s = test::random_tensor({4, 64, 1, 1}, 8198);
   const auto attrs = layout_attr(rt::cpu::kChannelsLast);
   CHECK(test::same_bits(test::run_node("GlobalAveragePool", {bl}, attrs, 1, 17, 2, "mpq")[0],
                         test::run_node("GlobalAveragePool", {big}, {}, 1, 17, 1)[0]));
-  CHECK(test::same_bits(to_plain(test::run_node("ScaleChannels", {bl, s}, attrs, 1, 17, 2, "mpq")[0], rt::cpu::kChannelsLast),
+  CHECK(test::same_bits(test::from_channel_layout(test::run_node("ScaleChannels", {bl, s}, attrs, 1, 17, 2, "mpq")[0], rt::cpu::kChannelsLast),
                         test::run_node("Mul", {big, s}, {}, 1, 17, 1)[0]));
 }
 
