@@ -93,6 +93,7 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
   }
   // mpq::ScaleChannels is a Mul by a [1 or N, C, 1, 1] scale, in a convolution layout that keeps
   // each image's values together.
+  if (op == "mpq::ScaleChannels" && !has_rows(0)) return "reads rows as its scale";  // S: 1 or X's batch
   if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" || op == "PRelu" ||
       op == "mpq::ScaleChannels") {
     // Broadcasting aligns trailing axes: an input with rows must span all of the output's axes, and

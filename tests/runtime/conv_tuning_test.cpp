@@ -132,17 +132,23 @@ TEST_CASE("A measured choice of threads gives the one-thread bits on every call 
       CHECK(test::same_bits(y, want));
     }
     CHECK(rt::cpu::onednn_tuned_count() == tuned + 1);
-    // A new shape on the same state is measured again.
+    // A new shape on the same state is measured again, with the one-thread bits.
     if (k.n > 1) {
       rt::cpu::DnnlConvShape fewer = s;
       fewer.n = 1;
-      const uint64_t before = rt::cpu::onednn_tuned_count();
-      for (int i = 0; i < kCallsToSettle; ++i) {
+      const Tensor z1 = test::random_tensor({1, k.m, s.oh, s.ow}, 7199, -1.0f, 1.0f);
+      auto one_image = [&](rt::ThreadPool& p, rt::cpu::OnednnConvState* state) {
         Tensor y(DType::Float32, Shape{1, k.m, s.oh, s.ow});
-        const Tensor z1 = test::random_tensor({1, k.m, s.oh, s.ow}, 7199, -1.0f, 1.0f);
-        REQUIRE(rt::cpu::onednn_conv_forward(pool, fewer, x.data<float>(), w.data<float>(), b.data<float>(),
-                                             k.residual ? z1.data<float>() : nullptr, y.data<float>(), &st));
-      }
+        REQUIRE(rt::cpu::onednn_conv_forward(p, fewer, x.data<float>(), w.data<float>(), b.data<float>(),
+                                             k.residual ? z1.data<float>() : nullptr, y.data<float>(), state));
+        return y;
+      };
+      rt::ThreadPool one(1);
+      const Tensor want1 = one_image(one, nullptr);
+      const uint64_t before = rt::cpu::onednn_tuned_count();
+      bool same1 = true;
+      for (int i = 0; i < kCallsToSettle; ++i) same1 = same1 && test::same_bits(one_image(pool, &st), want1);
+      CHECK(same1);
       CHECK(rt::cpu::onednn_tuned_count() == before + 1);
     }
   }
@@ -190,4 +196,64 @@ TEST_CASE("No measured choice on one thread, without a state, with OnednnUse::Al
   const rt::cpu::ScopedConvTuning off(false);
   CHECK_FALSE(rt::cpu::conv_tuning_enabled());
   CHECK_FALSE(calls_settle(two, true));
+}
+
+TEST_CASE("The measured choice switched off and on, or a shape that keeps changing, keeps the bits",
+          "[conv][tuning]") {
+  if (!rt::cpu::onednn_enabled()) {
+    WARN("oneDNN is not compiled in or is switched off: no measured choice to test");
+    return;
+  }
+  const rt::cpu::ScopedConvTuning on(true);
+  // A batch of 4 (whole, or split into images) and the same convolution of 2 images.
+  const TuningCase k{"3x3, a batch of 4, plain, residual", 4, 16, 16, 11, 9, 3, 1, 1, 0, true, false, false};
+  const rt::cpu::DnnlConvShape s4 = shape_of(k, nullptr);
+  rt::cpu::DnnlConvShape s2 = s4;
+  s2.n = 2;
+  const Tensor x = test::random_tensor({4, 16, 11, 9}, 7301, -2.0f, 2.0f);
+  const Tensor w = test::random_tensor({16, 16, 3, 3}, 7302, -0.3f, 0.3f);
+  const Tensor b = test::random_tensor({16}, 7303);
+  const Tensor z = test::random_tensor({4, 16, 11, 9}, 7304, -1.0f, 1.0f);
+  auto conv = [&](rt::ThreadPool& pool, const rt::cpu::DnnlConvShape& s, rt::cpu::OnednnConvState* st) {
+    Tensor y(DType::Float32, Shape{s.n, 16, 11, 9});
+    REQUIRE(rt::cpu::onednn_conv_forward(pool, s, x.data<float>(), w.data<float>(), b.data<float>(), z.data<float>(),
+                                         y.data<float>(), st));
+    return y;
+  };
+  rt::ThreadPool one(1), two(2);
+  const Tensor want4 = conv(one, s4, nullptr), want2 = conv(one, s2, nullptr);
+  {
+    // Off in the middle of measuring (the size rule on the same state), on again to finish, off and
+    // on after the choice: every call the one-thread bits, one choice made.
+    rt::cpu::OnednnConvState st;
+    const uint64_t tuned = rt::cpu::onednn_tuned_count();
+    bool same = true;
+    for (int i = 0; i < 5; ++i) same = same && test::same_bits(conv(two, s4, &st), want4);
+    for (int i = 0; i < 3; ++i) {
+      const rt::cpu::ScopedConvTuning off(false);
+      same = same && test::same_bits(conv(two, s4, &st), want4);
+    }
+    for (int i = 0; i < kCallsToSettle && rt::cpu::onednn_tuned_count() == tuned; ++i)
+      same = same && test::same_bits(conv(two, s4, &st), want4);
+    CHECK(rt::cpu::onednn_tuned_count() == tuned + 1);
+    for (int i = 0; i < 3; ++i) {
+      const rt::cpu::ScopedConvTuning off(false);
+      same = same && test::same_bits(conv(two, s4, &st), want4);
+    }
+    for (int i = 0; i < 3; ++i) same = same && test::same_bits(conv(two, s4, &st), want4);
+    CHECK(same);
+    CHECK(rt::cpu::onednn_tuned_count() == tuned + 1);
+  }
+  {
+    // Batches of 4 and 2 in turn: the state never settles, gives up measuring after a few changes
+    // and keeps the size rule, also once the shape stays.
+    rt::cpu::OnednnConvState st;
+    const uint64_t tuned = rt::cpu::onednn_tuned_count();
+    bool same = true;
+    for (int i = 0; i < 2 * kCallsToSettle; ++i)
+      same = same && (i % 2 ? test::same_bits(conv(two, s2, &st), want2) : test::same_bits(conv(two, s4, &st), want4));
+    for (int i = 0; i < kCallsToSettle + 1; ++i) same = same && test::same_bits(conv(two, s4, &st), want4);
+    CHECK(same);
+    CHECK(rt::cpu::onednn_tuned_count() == tuned);
+  }
 }

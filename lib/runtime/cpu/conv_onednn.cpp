@@ -772,11 +772,14 @@ struct OnednnConvState::Impl {
     bool valid = false;
     DnnlConvShape shape;
     int threads = 0, policy = -1;
-    std::array<bool, 3> usable{};
-    std::array<std::array<double, kConvTimedRounds>, 3> seconds{};
+    std::array<bool, 4> usable{};
+    std::array<std::array<double, kConvTimedRounds>, 4> seconds{};
     int calls = 0, chosen = -1;
   } tuning;
-  std::array<std::unique_ptr<Impl>, 2> whole_states;  // one thread, the whole team
+  // How often the shape changed before a choice was made; past kTuningRestarts the size rule decides.
+  int tuning_restarts = 0;
+  bool tuning_given_up = false;
+  std::array<std::unique_ptr<Impl>, 3> whole_states;  // one thread, the size rule's team, every thread
 };
 OnednnConvState::OnednnConvState() : impl(std::make_unique<Impl>()) {}
 OnednnConvState::~OnednnConvState() = default;
@@ -1083,50 +1086,74 @@ bool forward_split(ThreadPool& pool, const DnnlConvShape& s, const float* x, con
   return true;
 }
 
-// The measured choice. A convolution can use a pool of several threads three ways: on the calling
-// thread alone, whole on an OpenMP team of every thread (oneDNN's own split), or cut into parts,
-// one per thread (split_parts without the size rule). Which is fastest depends on the shape and
-// the machine in ways a size rule misses: per node on the 2-core EPYC (`mpq run --profile-nodes`,
-// batch 1, two threads) oneDNN's own split made the fashion MobileNet's 14 x 14 pointwise
-// convolutions 1.2-1.3x faster but its 7 x 7 ones 0.9x, and the INT8 MobileNetV3's row bands were
-// 0.7-1.1x one thread's time. So each node times every tactic it may use on its first calls,
-// alternately: kConvWarmupRounds rounds untimed (plan creation, weight reorders, caches and
-// page faults of a process's first runs: timing from the first round on chose other tactics from one
-// process to the next), then kConvTimedRounds rounds, and keeps the one whose median call was
-// fastest. A tactic with more threads must beat one thread by 10% (kTuningMargin): a second thread
-// that only one small node wakes adds waits in the tail (with the fastest call deciding and a 3%
-// margin, the MobileNetV3 at batch 1 put one 72-channel 8 x 8 depthwise convolution on the team,
-// 2.0 against 2.1 us, and one of three runs had a p99 of 0.12 ms against the size rule's 0.06), and
-// a tie should leave the other cores free. Every tactic gives the same bits (direct
-// kernels sum each output in an order set by the shape's blocking, int8 bands sum exactly;
-// conv_tuning_test), so what is chosen changes the time only. Each call runs one tactic once, so a
-// Y in place of Z is safe while measuring.
+// The measured choice. A convolution can use a pool of several threads in these ways: on the
+// calling thread alone, whole on an OpenMP team (oneDNN's own split) of every thread or of the
+// size rule's team where that lies in between, or cut into parts, one per thread (split_parts
+// without the size rule). Which is fastest depends on the shape and the machine in ways a size
+// rule misses: per node on the 2-core EPYC (`mpq run --profile-nodes`, batch 1, two threads)
+// oneDNN's own split made the fashion MobileNet's 14 x 14 pointwise convolutions 1.2-1.3x faster
+// but its 7 x 7 ones 0.9x, and the INT8 MobileNetV3's row bands were 0.7-1.1x one thread's time.
+// So each node times every way it may use on its first calls, alternately: kConvWarmupRounds
+// rounds untimed (plan creation, weight reorders, caches and page faults of a process's first
+// runs: timing from the first round on chose other ways from one process to the next), then
+// kConvTimedRounds rounds, and keeps the one whose median call was fastest. A way with more
+// threads must beat one thread by 10% (kTuningMargin): a second thread that only one small node
+// wakes adds waits in the tail (with the fastest call deciding and a 3% margin, the MobileNetV3 at
+// batch 1 put one 72-channel 8 x 8 depthwise convolution on the team, 2.0 against 2.1 us, and one
+// of three runs had a p99 of 0.12 ms against the size rule's 0.06), and a tie should leave the
+// other cores free. Every way gives the same bits: oneDNN's direct kernels sum each output in an
+// order set by the shape's blocking, and int8 bands sum exactly; a float way whose plan runs
+// another oneDNN implementation than the size rule's is not used (computes_as), and
+// conv_tuning_test checks the bits of every way on the test machine's kernels. So what is chosen
+// changes the time only. Each call runs one way once, so a Y in place of Z is safe while measuring.
 constexpr double kTuningMargin = 0.9;
-enum Tactic : int { kOneThread = 0, kWholeTeam = 1, kSplit = 2 };
+// The ways: the calling thread alone, the team the size rule gives (where it is neither one thread
+// nor every thread: pools of three or more), every thread, the parts.
+enum Tactic : int { kOneThread = 0, kRuleTeam = 1, kWholeTeam = 2, kSplit = 3 };
+constexpr int kTactics = 4;
+// A state whose shape changes this often before a choice is made keeps the size rule.
+constexpr int kTuningRestarts = 3;
 
-// -1 where the measured choice does not apply (fewer than two tactics can run the shape, or none
-// of them on oneDNN: the caller decides as without it); otherwise whether oneDNN ran it (always,
-// since every tactic was checked to have a direct kernel).
+// Whether `p` computes as `rule` does: the same arithmetic (int8 or float) and, for float, the same
+// oneDNN implementation (a thread count that made oneDNN pick another kernel could change the
+// order of the sums; int8 sums are exact).
+bool computes_as(const std::shared_ptr<Plan>& p, const std::shared_ptr<Plan>& rule) {
+  if (!p || p->int8 != rule->int8) return false;
+  return rule->int8 || std::string(p->pd.impl_info_str()) == rule->pd.impl_info_str();
+}
+
+// -1 where the measured choice does not apply (fewer than two ways can run the shape, none of them
+// on oneDNN, or the state gave up: the caller decides as without it); otherwise whether oneDNN ran
+// it (always, since every way was checked to have a direct kernel).
 int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                   const float* z, float* y, OnednnConvState::Impl& st) {
   using Impl = OnednnConvState::Impl;
   const int threads = pool.size();
   const int policy = current_policy();
   Impl::Tuning& t = st.tuning;
+  if (st.tuning_given_up) return -1;
+  const int rule_team = team_size(s, threads);
   if (!(t.valid && t.shape == s && t.threads == threads && t.policy == policy)) {
+    // A node whose shape keeps changing before it settles (batches of several sizes through one
+    // executor) would never leave its first way; it keeps the size rule instead.
+    if (t.valid && t.chosen < 0 && t.calls > 0 && ++st.tuning_restarts >= kTuningRestarts) {
+      st.tuning_given_up = true;
+      st.whole_states = {};
+      return -1;
+    }
     t.valid = false;
-    // Every tactic's plan in the same arithmetic as the size rule's (int8 or float), so that all
-    // give its bits; the split's parts are checked to run in integers where it does (forward_split).
     const std::shared_ptr<Plan> rule = usable_plan(threads, s, Direction::Forward);
-    const std::shared_ptr<Plan> one = plan_for_team(1, s, Direction::Forward);
-    const std::shared_ptr<Plan> all = plan_for_team(threads, s, Direction::Forward);
     Impl::Tuning fresh;
     if (rule) {
-      fresh.usable[kOneThread] = one && one->int8 == rule->int8;
-      fresh.usable[kWholeTeam] = all && all->int8 == rule->int8;
+      fresh.usable[kOneThread] = computes_as(plan_for_team(1, s, Direction::Forward), rule);
+      fresh.usable[kRuleTeam] = rule_team > 1 && rule_team < threads;
+      fresh.usable[kWholeTeam] = computes_as(plan_for_team(threads, s, Direction::Forward), rule);
       // The split's state (parts, plans, whether each has a direct kernel, int8 where the whole
-      // runs in integers) is made here, without running it.
-      fresh.usable[kSplit] = prepare_split(threads, s, st, false);
+      // runs in integers) is made here, without running it; float parts must run the whole's kernel.
+      bool split = prepare_split(threads, s, st, false);
+      for (size_t i = 0; split && i < st.split_parts.size(); ++i)
+        split = computes_as(plan_for_team(1, st.split_parts[i].shape, Direction::Forward), rule);
+      fresh.usable[kSplit] = split;
     }
     fresh.shape = s;
     fresh.threads = threads;
@@ -1134,22 +1161,17 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
     fresh.valid = true;
     t = fresh;
   }
-  std::array<int, 3> tactics{};
+  std::array<int, kTactics> tactics{};
   int count = 0;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < kTactics; ++i)
     if (t.usable[static_cast<size_t>(i)]) tactics[static_cast<size_t>(count++)] = i;
   if (count < 2) return -1;
   auto run = [&](int tactic) {
-    switch (tactic) {
-      case kOneThread:
-      case kWholeTeam: {
-        auto& sub = st.whole_states[static_cast<size_t>(tactic)];
-        if (!sub) sub = std::make_unique<Impl>();
-        return forward_whole(tactic == kOneThread ? 1 : threads, s, x, w, bias, z, y, sub.get());
-      }
-      default:
-        return forward_split(pool, s, x, w, bias, z, y, st, false);
-    }
+    if (tactic == kSplit) return forward_split(pool, s, x, w, bias, z, y, st, false);
+    auto& sub = st.whole_states[static_cast<size_t>(tactic)];
+    if (!sub) sub = std::make_unique<Impl>();
+    const int team = tactic == kOneThread ? 1 : tactic == kRuleTeam ? rule_team : threads;
+    return forward_whole(team, s, x, w, bias, z, y, sub.get());
   };
   if (t.chosen >= 0) {
     if (!run(t.chosen)) fail_internal("oneDNN convolution: the measured tactic did not run");
@@ -1163,13 +1185,13 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
   if (round >= kConvWarmupRounds)
     t.seconds[static_cast<size_t>(tactic)][static_cast<size_t>(round - kConvWarmupRounds)] = seconds;
   if (++t.calls == count * (kConvWarmupRounds + kConvTimedRounds)) {
-    std::array<double, 3> median{};
+    std::array<double, kTactics> median{};
+    median.fill(-1.0);
     for (int i = 0; i < count; ++i) {
-      auto& v = t.seconds[static_cast<size_t>(tactics[static_cast<size_t>(i)])];
-      std::array<double, kConvTimedRounds> sorted = v;
+      const auto c = static_cast<size_t>(tactics[static_cast<size_t>(i)]);
+      std::array<double, kConvTimedRounds> sorted = t.seconds[c];
       std::sort(sorted.begin(), sorted.end());
-      median[static_cast<size_t>(tactics[static_cast<size_t>(i)])] =
-          0.5 * (sorted[(kConvTimedRounds - 1) / 2] + sorted[kConvTimedRounds / 2]);
+      median[c] = 0.5 * (sorted[(kConvTimedRounds - 1) / 2] + sorted[kConvTimedRounds / 2]);
     }
     int chosen = tactics[0];
     for (int i = 1; i < count; ++i) {
@@ -1178,14 +1200,14 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
       if (median[static_cast<size_t>(c)] < bar) chosen = c;
     }
     t.chosen = chosen;
-    static const char* const names[] = {"one thread", "whole on the team", "split"};
-    auto us = [&](int i) { return t.usable[static_cast<size_t>(i)] ? median[static_cast<size_t>(i)] * 1e6 : -1.0; };
-    spdlog::debug("convolution {}x{}x{}x{} -> {} ({}x{} kernel, {}{}) on {} threads: one thread {:.1f} us, whole {:.1f}, split "
-                  "{:.1f} (-1: cannot): {}",
+    static const char* const names[] = {"one thread", "the size rule's team", "every thread", "split"};
+    auto us = [&](int i) { return median[static_cast<size_t>(i)] < 0 ? -1.0 : median[static_cast<size_t>(i)] * 1e6; };
+    spdlog::debug("convolution {}x{}x{}x{} -> {} ({}x{} kernel, {}{}) on {} threads, median us (-1: cannot): one "
+                  "thread {:.1f}, the size rule's team of {} {:.1f}, every thread {:.1f}, split {:.1f}: {}",
                   s.n, s.c, s.ih, s.iw, s.m, s.kh, s.kw, s.group > 1 ? "grouped, " : "", s.int8 ? "int8" : "float",
-                  threads, us(kOneThread), us(kWholeTeam), us(kSplit), names[chosen]);
+                  threads, us(kOneThread), rule_team, us(kRuleTeam), us(kWholeTeam), us(kSplit), names[chosen]);
     // The tactics not chosen give back their plans' buffers and weight copies.
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kSplit; ++i)
       if (i != chosen) st.whole_states[static_cast<size_t>(i)].reset();
     if (chosen != kSplit) {
       st.split_valid = false;

@@ -66,8 +66,9 @@ __attribute__((always_inline)) inline void pool_group(const float* __restrict ro
 }
 
 // One group's [S, width] values times its width scales.
-__attribute__((always_inline)) inline void scale_group(const float* __restrict x, const float* __restrict scale,
-                                                       int64_t s, int64_t width, float* __restrict y) {
+// x and y may be the same buffer (each value is read before it is written), so not __restrict.
+__attribute__((always_inline)) inline void scale_group(const float* x, const float* __restrict scale, int64_t s,
+                                                       int64_t width, float* y) {
   if (width == 1) {
     const float f = scale[0];
     for (int64_t i = 0; i < s; ++i) y[i] = x[i] * f;
