@@ -79,6 +79,23 @@ std::vector<float> int8_weight_scales(const Tensor& w, int qmax) {
   return scales;
 }
 
+namespace {
+
+// A 1x1 convolution of one unpadded pixel (by X's declared type): squeeze-and-excitation's two.
+// They stay in float, where mpq's one-pixel product (runtime/cpu/gemm_small) runs them: INT8
+// MobileNetV3's six took 0.2-0.7 us each there and 0.7-0.9 us on oneDNN's int8 kernel, whose
+// per-call cost outweighs 100-3,000 multiply-adds per image (the model at batch 1: 44 -> 41 us).
+bool one_pixel_pointwise(const ir::Node& node, const Tensor& w) {
+  if (w.dim(2) != 1 || w.dim(3) != 1) return false;
+  for (const int64_t p : node.attr_ints("pads", {}))
+    if (p != 0) return false;
+  const ir::Value* x = node.input(0);
+  if (!x || !x->type.is_tensor() || !x->type.has_shape || x->type.dims.size() != 4) return false;
+  return x->type.dims[2] == ir::Dim::fixed(1) && x->type.dims[3] == ir::Dim::fixed(1);
+}
+
+}  // namespace
+
 bool MarkInt8Conv::match(const ir::Model&, const ir::Node& node) const {
   if (!is_fused_conv(node) || node.has_attr("int8_scales") || node.num_inputs() < 2) return false;
   if (node.attr_int("group", 1) != 1) return false;
@@ -87,6 +104,7 @@ bool MarkInt8Conv::match(const ir::Model&, const ir::Node& node) const {
   const Tensor* w = constant_value(node.input(1));
   if (!w || w->dtype() != DType::Float32 || w->rank() != 4 || w->dim(1) < 8) return false;
   if (node.num_inputs() > 2 && node.input(2) && !constant_value(node.input(2))) return false;
+  if (one_pixel_pointwise(node, *w)) return false;
   // Last, as the costliest (a oneDNN plan, made once per process, only for QDQ models): only where
   // oneDNN runs int8 exactly (VNNI); elsewhere a mark would only move the tensors around it to NHWC.
   return input_int8_scale(node) > 0.0f && rt::cpu::onednn_int8_convolutions();

@@ -22,7 +22,9 @@ namespace mpq::passes {
 //   (measured: the 3-channel first convolutions gain 0-30% or lose, less than the input's
 //   conversion to int8 costs), no dilation. 1x1 convolutions are marked since mpq quantizes the
 //   input itself (runtime/cpu/quantize_nhwc): MobileNetV3 INT8 5-8% faster, ResNet INT8 0-3%
-//   (before, with oneDNN's reorder, MobileNetV3 was 12-17% slower);
+//   (before, with oneDNN's reorder, MobileNetV3 was 12-17% slower); but not a 1x1 convolution of one
+//   unpadded pixel by X's declared type (squeeze-and-excitation's), which mpq's float one-pixel
+//   product runs 2-3x faster than oneDNN's int8 kernel (MobileNetV3 INT8 at batch 1 8% faster);
 // - oneDNN computes int8 exactly on this CPU (runtime/cpu/conv_onednn.h,
 //   onednn_int8_convolutions: VNNI).
 class MarkInt8Conv : public NodeRewritePass {

@@ -231,6 +231,12 @@ TEST_CASE("mark_int8_conv marks convolutions on int8 grids and leaves the others
     Model m = fused(Options{.k = 1});
     CHECK(node_named(m, "conv1")->has_attr("int8_scales"));
   }
+  SECTION("but not a 1x1 convolution of one pixel (squeeze-and-excitation's): the float one-pixel product") {
+    Model m = fused(Options{.h = 1, .w = 1, .k = 1});
+    CHECK_FALSE(node_named(m, "conv1")->has_attr("int8_scales"));
+    Model two = fused(Options{.h = 2, .w = 1, .k = 1});  // two pixels: in integers
+    CHECK(node_named(two, "conv1")->has_attr("int8_scales"));
+  }
   SECTION("uint8 activations with zero point 128 fit int8") {
     Model m = fused(Options{.zero_point = 128, .uint8 = true});
     CHECK(node_named(m, "conv1")->has_attr("int8_scales"));
