@@ -20,7 +20,6 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -1122,16 +1121,16 @@ bool computes_as(const std::shared_ptr<Plan>& p, const std::shared_ptr<Plan>& ru
   return rule->int8 || std::string(p->pd.impl_info_str()) == rule->pd.impl_info_str();
 }
 
-// -1 where the measured choice does not apply (fewer than two ways can run the shape, none of them
-// on oneDNN, or the state gave up: the caller decides as without it); otherwise whether oneDNN ran
-// it (always, since every way was checked to have a direct kernel).
-int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
+// Runs `s` the measured way and returns true; false, computing nothing, where the measured choice
+// does not apply (fewer than two ways can run the shape, none of them on oneDNN, or the state gave
+// up): the caller then decides as without it. Every way it runs was checked to have a direct kernel.
+bool forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, const float* w, const float* bias,
                   const float* z, float* y, OnednnConvState::Impl& st) {
   using Impl = OnednnConvState::Impl;
   const int threads = pool.size();
   const int policy = current_policy();
   Impl::Tuning& t = st.tuning;
-  if (st.tuning_given_up) return -1;
+  if (st.tuning_given_up) return false;
   const int rule_team = team_size(s, threads);
   if (!(t.valid && t.shape == s && t.threads == threads && t.policy == policy)) {
     // A node whose shape keeps changing before it settles (batches of several sizes through one
@@ -1139,7 +1138,7 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
     if (t.valid && t.chosen < 0 && t.calls > 0 && ++st.tuning_restarts >= kTuningRestarts) {
       st.tuning_given_up = true;
       st.whole_states = {};
-      return -1;
+      return false;
     }
     t.valid = false;
     const std::shared_ptr<Plan> rule = usable_plan(threads, s, Direction::Forward);
@@ -1165,7 +1164,7 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
   int count = 0;
   for (int i = 0; i < kTactics; ++i)
     if (t.usable[static_cast<size_t>(i)]) tactics[static_cast<size_t>(count++)] = i;
-  if (count < 2) return -1;
+  if (count < 2) return false;
   auto run = [&](int tactic) {
     if (tactic == kSplit) return forward_split(pool, s, x, w, bias, z, y, st, false);
     auto& sub = st.whole_states[static_cast<size_t>(tactic)];
@@ -1175,7 +1174,7 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
   };
   if (t.chosen >= 0) {
     if (!run(t.chosen)) fail_internal("oneDNN convolution: the measured tactic did not run");
-    return 1;
+    return true;
   }
   const int tactic = tactics[static_cast<size_t>(t.calls % count)];
   const auto start = std::chrono::steady_clock::now();
@@ -1207,8 +1206,8 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
                   s.n, s.c, s.ih, s.iw, s.m, s.kh, s.kw, s.group > 1 ? "grouped, " : "", s.int8 ? "int8" : "float",
                   threads, us(kOneThread), rule_team, us(kRuleTeam), us(kWholeTeam), us(kSplit), names[chosen]);
     // The tactics not chosen give back their plans' buffers and weight copies.
-    for (int i = 0; i < kSplit; ++i)
-      if (i != chosen) st.whole_states[static_cast<size_t>(i)].reset();
+    for (size_t i = 0; i < st.whole_states.size(); ++i)
+      if (static_cast<int>(i) != chosen) st.whole_states[i].reset();
     if (chosen != kSplit) {
       st.split_valid = false;
       st.parts.clear();
@@ -1220,7 +1219,7 @@ int forward_tuned(ThreadPool& pool, const DnnlConvShape& s, const float* x, cons
     }
     g_tuned_count.fetch_add(1, std::memory_order_relaxed);
   }
-  return 1;
+  return true;
 }
 
 }  // namespace
@@ -1237,14 +1236,10 @@ bool onednn_conv_forward(ThreadPool& pool, const DnnlConvShape& s, const float* 
   if (st && threads > 1 && !ThreadPool::inside_parallel_loop()) {
     // The measured choice where it applies (see forward_tuned), else the size rule: the split where
     // the convolution is large enough for every thread, or whole on the team its size gives.
-    if (conv_tuning_enabled() && g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always)) {
-      const int tuned = forward_tuned(pool, s, x, w, bias, z, y, *st);
-      if (tuned >= 0) {
-        g_conv_count.fetch_add(1, std::memory_order_relaxed);
-        return true;
-      }
-    }
-    if (forward_split(pool, s, x, w, bias, z, y, *st, true)) {
+    const bool measured = conv_tuning_enabled() &&
+                          g_override.load(std::memory_order_relaxed) != static_cast<int>(OnednnUse::Always) &&
+                          forward_tuned(pool, s, x, w, bias, z, y, *st);
+    if (measured || forward_split(pool, s, x, w, bias, z, y, *st, true)) {
       g_conv_count.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
