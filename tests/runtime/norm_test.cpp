@@ -6,9 +6,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/unary.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 
@@ -168,6 +170,30 @@ TEST_CASE("LayerNormalization over every axis", "[norm]") {
           (w.get_double(r * 257 + i) - m) / std::sqrt(v + double(1e-5f)) * scale.get_double(i) + bias3.get_double(i);
   }
   check_close(y3, want3, 2e-6, "LayerNormalization scale and bias with leading ones");
+}
+
+TEST_CASE("LayerNormalization gives the same bits built for SSE2, AVX2 and AVX-512", "[norm]") {
+  // The float rows run a loop built for each (norm.cpp): rows of a transformer's width, an odd
+  // width with a vector tail, rows shorter than one vector; Mean and InvStdDev too.
+  struct Reset {
+    ~Reset() { rt::cpu::force_unary_isa(rt::cpu::UnaryIsa::Auto); }
+  } reset;
+  for (const Shape& shape : {Shape{8, 17, 64}, Shape{5, 3, 37}, Shape{9, 7}}) {
+    const Tensor x = test::random_tensor(shape, 72, -40, 40);
+    const Shape ns = {shape.back()};
+    const Tensor scale = test::random_tensor(ns, 73, -2, 2), bias = test::random_tensor(ns, 74, -1, 1);
+    std::vector<std::vector<Tensor>> outs;
+    for (const auto isa : {rt::cpu::UnaryIsa::Baseline, rt::cpu::UnaryIsa::Avx2, rt::cpu::UnaryIsa::Avx512}) {
+      if (rt::cpu::force_unary_isa(isa) != isa) WARN("this CPU lacks unary ISA " << static_cast<int>(isa));
+      outs.push_back(run_node("LayerNormalization", {x, scale, bias}, {}, 3, 17));
+    }
+    for (size_t k = 1; k < outs.size(); ++k)
+      for (size_t o = 0; o < 3; ++o) {
+        INFO("shape " << shape_str(shape) << ", ISA " << k << ", output " << o);
+        REQUIRE(outs[k][o].nbytes() == outs[0][o].nbytes());
+        CHECK(std::memcmp(outs[k][o].raw_data(), outs[0][o].raw_data(), outs[0][o].nbytes()) == 0);
+      }
+  }
 }
 
 TEST_CASE("InstanceNormalization and GroupNormalization", "[norm]") {

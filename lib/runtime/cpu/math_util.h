@@ -188,7 +188,7 @@ inline float fast_one_plus_erf(float x) {
 }
 
 // Sum / max of a contiguous float row with independent lanes (vectorised without -ffast-math).
-inline float row_sum(const float* x, int64_t n) {
+__attribute__((always_inline)) inline float row_sum(const float* x, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -209,7 +209,7 @@ inline v4f load4(const float* p) {
   return v;
 }
 template <bool kMax>
-inline float row_extreme(const float* x, int64_t n) {
+__attribute__((always_inline)) inline float row_extreme(const float* x, int64_t n) {
   const float init = kMax ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
   v4f a0 = {init, init, init, init}, a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -227,17 +227,21 @@ inline float row_extreme(const float* x, int64_t n) {
       a3 = ((x3 < a3) | (x3 != x3)) ? x3 : a3;
     }
   }
+  // The four accumulators pairwise, then their four lanes and the tail one at a time. (Sixteen
+  // lanes one at a time, each a compare and a branch, took longer than the vector loop on the
+  // short rows of attention's Softmax.) Which of equal values is kept (+0 or -0) may differ from
+  // a scan in order; a NaN anywhere still gives NaN.
+  const auto pick = [](v4f a, v4f b) {
+    if constexpr (kMax) return ((b > a) | (b != b)) ? b : a;
+    else return ((b < a) | (b != b)) ? b : a;
+  };
+  const v4f a = pick(pick(a0, a1), pick(a2, a3));
   float m = init;
   auto take = [&m](float v) {
     if (m != m) return;  // a NaN was found: it stays
     if (v != v || (kMax ? v > m : v < m)) m = v;
   };
-  for (int j = 0; j < 4; ++j) {
-    take(a0[j]);
-    take(a1[j]);
-    take(a2[j]);
-    take(a3[j]);
-  }
+  for (int j = 0; j < 4; ++j) take(a[j]);
   for (; i < n; ++i) take(x[i]);
   return m;
 }
@@ -247,7 +251,7 @@ inline float row_max(const float* x, int64_t n) { return detail::row_extreme<tru
 inline float row_min(const float* x, int64_t n) { return detail::row_extreme<false>(x, n); }
 
 // Sum of (x - mean)^2 over a contiguous row.
-inline float row_sq_dev(const float* x, int64_t n, float mean) {
+__attribute__((always_inline)) inline float row_sq_dev(const float* x, int64_t n, float mean) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -266,7 +270,7 @@ inline float row_sq_dev(const float* x, int64_t n, float mean) {
 
 // Generic (double) versions used by the float64 paths.
 template <typename T>
-T row_sum_t(const T* x, int64_t n) {
+__attribute__((always_inline)) inline T row_sum_t(const T* x, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     return row_sum(x, n);
   } else {
@@ -277,7 +281,7 @@ T row_sum_t(const T* x, int64_t n) {
 }
 
 template <typename T>
-T row_sq_dev_t(const T* x, int64_t n, T mean) {
+__attribute__((always_inline)) inline T row_sq_dev_t(const T* x, int64_t n, T mean) {
   if constexpr (std::is_same_v<T, float>) {
     return row_sq_dev(x, n, mean);
   } else {

@@ -69,38 +69,15 @@ void row(const T* x, T* y, int64_t n) {
 
 constexpr int64_t kChunk = 256;
 
-// y[i] = e^y[i] over a contiguous range: the exponentials of many short rows in one long loop,
-// 16 lanes wide where the CPU has AVX-512 and 8 with AVX2, as the element-wise unary kernels pick
-// (unary_isa). This file is built with -ffp-contract=off, so the three loops give the same bits.
-void exp_in_place_sse2(float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
-}
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2"))) void exp_in_place_avx2(float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
-}
-__attribute__((target("avx512f"))) void exp_in_place_avx512(float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = math::fast_exp(y[i]);
-}
-#endif
-void exp_in_place(float* y, int64_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  switch (unary_isa()) {
-    case UnaryIsa::Avx512: return exp_in_place_avx512(y, n);
-    case UnaryIsa::Avx2: return exp_in_place_avx2(y, n);
-    default: break;
-  }
-#endif
-  exp_in_place_sse2(y, n);
-}
-
 // Softmax / LogSoftmax of float rows [lo, hi), a block of rows at a time: each row's maximum is
 // subtracted, then one exp loop runs over the whole block, then each row is summed and scaled.
 // Same values as row() (e^(x - max) of the same float difference), but the exp loop is long even
 // when rows are short (attention over 16-64 tokens), instead of a vector loop and a scalar tail
-// per row.
+// per row. Built for SSE2, AVX2 and AVX-512 as a whole (the row passes too, not only the exp: on
+// attention's rows of 17 the passes around the exp took two thirds of the time); every step is
+// the same float operation in the same order in the three builds, so they give the same bits.
 template <Kind K>
-void float_rows(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
+__attribute__((always_inline)) inline void float_rows_body(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
   constexpr int64_t kBlockElems = 4096;
   const int64_t rows_per_block = std::max<int64_t>(1, kBlockElems / std::max<int64_t>(n, 1));
   float maxima[kBlockElems];
@@ -113,11 +90,13 @@ void float_rows(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
       maxima[o - b0] = m;
       for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] - m;
     }
-    exp_in_place(y + b0 * n, (b1 - b0) * n);
+    float* yb = y + b0 * n;
+    const int64_t count = (b1 - b0) * n;
+    for (int64_t i = 0; i < count; ++i) yb[i] = math::fast_exp(yb[i]);
     for (int64_t o = b0; o < b1; ++o) {
       const float* xr = x + o * n;
       float* yr = y + o * n;
-      const float sum = math::row_sum_t(yr, n);
+      const float sum = math::row_sum(yr, n);
       if constexpr (K == Kind::Softmax) {
         const float inv = 1.0f / sum;
         for (int64_t i = 0; i < n; ++i) yr[i] *= inv;
@@ -127,6 +106,33 @@ void float_rows(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
       }
     }
   }
+}
+
+template <Kind K>
+void float_rows_sse2(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
+  float_rows_body<K>(x, y, n, lo, hi);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+template <Kind K>
+__attribute__((target("avx2"))) void float_rows_avx2(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
+  float_rows_body<K>(x, y, n, lo, hi);
+}
+template <Kind K>
+__attribute__((target("avx512f"))) void float_rows_avx512(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
+  float_rows_body<K>(x, y, n, lo, hi);
+}
+#endif
+
+template <Kind K>
+void float_rows(const float* x, float* y, int64_t n, int64_t lo, int64_t hi) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (unary_isa()) {
+    case UnaryIsa::Avx512: return float_rows_avx512<K>(x, y, n, lo, hi);
+    case UnaryIsa::Avx2: return float_rows_avx2<K>(x, y, n, lo, hi);
+    default: break;
+  }
+#endif
+  float_rows_sse2<K>(x, y, n, lo, hi);
 }
 
 // Columns [j0, j0 + w) of an [n, inner] block (w <= kChunk).
