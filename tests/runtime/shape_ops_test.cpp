@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "runtime/cpu/shape_internal.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 
@@ -119,6 +120,46 @@ TEST_CASE("Transpose large planes (tiled and 4x4 register paths) and other width
   Tensor ht = run1("Transpose", {h});
   REQUIRE(ht.dtype() == DType::Float16);
   CHECK(bytes_equal(ht, transpose_ref(h, {1, 0})));
+}
+
+TEST_CASE("for_runs visits every run's offset from any starting run", "[shape_ops]") {
+  // The offsets of runs [lo, hi) against a naive enumeration, over ranges that start and end
+  // inside the last dimension and cross several wraps (the parallel loops' chunks), negative and
+  // zero strides, one dimension and none.
+  std::mt19937 rng(41);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> layouts = {
+      {{3, 8, 4, 17}, {64, 3264, 16, 192}}, {{5, 2, 7}, {-3, 100, 1}}, {{6, 4}, {0, 9}}, {{13}, {5}}, {{}, {}}};
+  for (const auto& [dims, strides] : layouts) {
+    rt::cpu::StridedRuns r;
+    r.dims = dims;
+    r.strides = strides;
+    r.outer = 1;
+    for (int64_t d : dims) r.outer *= d;
+    std::vector<int64_t> want(static_cast<size_t>(r.outer));
+    for (int64_t run = 0; run < r.outer; ++run) {
+      int64_t o = run, off = 0;
+      for (size_t d = dims.size(); d-- > 0;) {
+        off += (o % dims[d]) * strides[d];
+        o /= dims[d];
+      }
+      want[static_cast<size_t>(run)] = off;
+    }
+    for (int trial = 0; trial < 40; ++trial) {
+      const int64_t lo = static_cast<int64_t>(rng() % static_cast<uint32_t>(r.outer + 1));
+      const int64_t hi = lo + static_cast<int64_t>(rng() % static_cast<uint32_t>(r.outer - lo + 1));
+      std::vector<int64_t> runs, offs;
+      rt::cpu::for_runs(r, lo, hi, [&](int64_t run, int64_t off) {
+        runs.push_back(run);
+        offs.push_back(off);
+      });
+      INFO("dims " << shape_str(dims) << ", runs [" << lo << ", " << hi << ")");
+      REQUIRE(static_cast<int64_t>(runs.size()) == hi - lo);
+      for (int64_t k = 0; k < hi - lo; ++k) {
+        CHECK(runs[static_cast<size_t>(k)] == lo + k);
+        CHECK(offs[static_cast<size_t>(k)] == want[static_cast<size_t>(lo + k)]);
+      }
+    }
+  }
 }
 
 TEST_CASE("Transpose rejects a perm that is not a permutation", "[shape_ops]") {

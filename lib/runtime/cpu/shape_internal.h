@@ -2,6 +2,7 @@
 // Internal helpers shared by the data-movement kernels (shape_*.cpp, tensor_*.cpp, resize.cpp):
 // strided copies of any element width (strings included), an N-D transpose with a tiled inner
 // kernel, and small attribute/input readers. Not a public API.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -43,9 +44,22 @@ void for_runs(const StridedRuns& r, int64_t lo, int64_t hi, F&& f) {
     o /= r.dims[d];
     off += idx[d] * r.strides[d];
   }
-  for (int64_t run = lo; run < hi; ++run) {
-    f(run, off);
-    for (size_t d = nd; d-- > 0;) {
+  if (nd == 0) {
+    for (int64_t run = lo; run < hi; ++run) f(run, off);
+    return;
+  }
+  // Runs along the last dimension in a plain loop; the carry into the outer dimensions only when
+  // it wraps (short runs, as in attention's transposes, were bound by a carry loop per run).
+  const int64_t last_dim = r.dims[nd - 1], last_stride = r.strides[nd - 1];
+  for (int64_t run = lo; run < hi;) {
+    const int64_t n = std::min(hi - run, last_dim - idx[nd - 1]);
+    for (int64_t k = 0; k < n; ++k) f(run + k, off + k * last_stride);
+    run += n;
+    if (run >= hi) break;
+    // The last index wrapped: back to its 0, then carry.
+    off -= idx[nd - 1] * last_stride;
+    idx[nd - 1] = 0;
+    for (size_t d = nd - 1; d-- > 0;) {
       if (++idx[d] < r.dims[d]) {
         off += r.strides[d];
         break;

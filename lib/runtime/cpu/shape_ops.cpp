@@ -48,6 +48,24 @@ StridedRuns make_runs(const Shape& shape, const std::vector<int64_t>& strides) {
   return r;
 }
 
+namespace {
+
+// memcpy of one contiguous run. Runs of 16-128 bytes (a head's 4-32 floats in attention's
+// transposes) are copied by fixed-size moves the compiler inlines instead of a call per run. With
+// for_runs' plain loop over the last dimension: Transpose of [8, 17, 3, 4, 16] to [3, 8, 4, 17,
+// 16] (1,632 runs of 64 bytes), one thread, 4.3 -> 3.4 us.
+inline void copy_run(void* d, const void* s, size_t bytes) {
+  switch (bytes) {
+    case 16: std::memcpy(d, s, 16); return;
+    case 32: std::memcpy(d, s, 32); return;
+    case 64: std::memcpy(d, s, 64); return;
+    case 128: std::memcpy(d, s, 128); return;
+    default: std::memcpy(d, s, bytes); return;
+  }
+}
+
+}  // namespace
+
 void strided_copy(ThreadPool& pool, const Tensor& src, int64_t base, const std::vector<int64_t>& strides,
                   Tensor& dst) {
   if (dst.numel() == 0) return;
@@ -72,7 +90,7 @@ void strided_copy(ThreadPool& pool, const Tensor& src, int64_t base, const std::
         T* d = pd + run * inner;
         const T* s = ps + off;
         if (is == 1) {
-          std::memcpy(d, s, static_cast<size_t>(inner) * sizeof(T));
+          copy_run(d, s, static_cast<size_t>(inner) * sizeof(T));
         } else if (is == 0) {
           std::fill(d, d + inner, s[0]);
         } else {
