@@ -80,7 +80,7 @@ ThreadPool::ThreadPool(int threads) : threads_(threads <= 0 ? hardware_threads()
 
 bool ThreadPool::inside_parallel_loop() { return t_loop_depth > 0 || omp_in_parallel() != 0; }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t max_chunks = static_cast<int64_t>(threads_) * 4;
@@ -115,7 +115,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   if (error) std::rethrow_exception(error);
 }
 
-void ThreadPool::run_per_thread(int n, const std::function<void(int)>& fn) {
+void ThreadPool::run_per_thread(int n, FunctionRef<void(int)> fn) {
   if (n <= 0) return;
   if (threads_ == 1 || n == 1 || inside_parallel_loop()) {
     LoopDepth depth;

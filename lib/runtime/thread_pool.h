@@ -10,9 +10,35 @@
 // ONNX Runtime's do. OpenBLAS keeps threads of its own, so the executor runs it on one thread and
 // splits large GEMMs over this pool (runtime/cpu/conv_common.h, blas_gemm_rows).
 #include <cstdint>
-#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 namespace mpq::rt {
+
+// A non-owning reference to a callable, for loop bodies that run before the call returns. A
+// std::function holding a lambda that captures more than two references allocates on the heap;
+// with one parallel loop or more per node, that was a malloc and a free per node on every run
+// (a small model's runs are 30-70 us; see ThreadPool::parallel_for).
+template <typename Signature>
+class FunctionRef;
+
+template <typename R, typename... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef> &&
+                                                    std::is_invocable_r_v<R, F&, Args...>>>
+  FunctionRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): takes lambdas as std::function did
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<Args>(args)...);
+        }) {}
+  R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
+
+ private:
+  void* object_;
+  R (*call_)(void*, Args...);
+};
 
 class ThreadPool {
  public:
@@ -24,14 +50,14 @@ class ThreadPool {
   // Runs fn over [0, n) in chunks on up to size() threads and returns when all are done; the first
   // exception thrown by a chunk is rethrown here. A call from inside a parallel loop (a kernel
   // calling another) and a job of one chunk run on the calling thread.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
+  void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t begin, int64_t end)> fn);
   // Runs fn(0) ... fn(n - 1), task i on team thread i (with fewer threads than tasks, a thread
   // takes every team-th task), and returns when all are done; the first exception is rethrown
   // here. Unlike parallel_for's chunks, handed out from a counter, the assignment is fixed: the
   // same OpenMP thread (usually on the same core: threads are not pinned) runs task i on every
   // call, so what task i left in cache is usually still there for the next call's. A nested call
   // runs inline.
-  void run_per_thread(int n, const std::function<void(int task)>& fn);
+  void run_per_thread(int n, FunctionRef<void(int task)> fn);
   // True on a thread that is running a chunk of a parallel_for (where a nested one runs inline).
   static bool inside_parallel_loop();
 
