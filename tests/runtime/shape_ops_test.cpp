@@ -100,6 +100,36 @@ TEST_CASE("Transpose matches the naive reference for every permutation", "[shape
   }
 }
 
+TEST_CASE("Transpose keeps its plan while the input shape stays and makes a new one when it changes", "[shape_ops]") {
+  // One executor (one kernel object) over runs whose input shape changes, returns, changes rank
+  // (an input of unknown rank); a copy path, a tiled path and identity.
+  for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 3, 1}, std::vector<int64_t>{0, 1, 3, 2},
+                                           std::vector<int64_t>{0, 1, 2, 3}}) {
+    ir::Model m;
+    m.set_opset("", 17);
+    ir::Graph* g = m.graph.get();
+    ir::Value* x = g->add_value("x", ir::ValueType::tensor_unranked(DType::Float32));
+    g->add_input(x);
+    ir::Value* y = g->add_value("y");
+    g->add_output(y);
+    g->add_node("Transpose", {x}, {y}, "node_under_test")->set_attr(ir::Attribute::make_ints("perm", perm));
+    rt::ExecOptions opt;
+    opt.threads = 2;
+    rt::Executor ex(m, opt);
+    uint32_t seed = 60;
+    for (const Shape& s : {Shape{2, 3, 5, 7}, Shape{2, 3, 5, 7}, Shape{4, 1, 9, 16}, Shape{2, 3, 5, 7}, Shape{3, 2, 33, 65}}) {
+      const Tensor in = test::random_tensor(s, seed++);
+      const Tensor out = ex.run({{"x", in}}).at(0);
+      INFO("perm " << shape_str(perm) << ", shape " << shape_str(s));
+      CHECK(bytes_equal(out, transpose_ref(in, perm)));
+    }
+    // A rank the perm does not fit: an error naming the node, then the executor still works.
+    CHECK_THROWS_WITH(ex.run({{"x", test::random_tensor({2, 3, 5}, 1)}}), Catch::Contains("node_under_test"));
+    const Tensor again = test::random_tensor({2, 3, 5, 7}, 2);
+    CHECK(bytes_equal(ex.run({{"x", again}}).at(0), transpose_ref(again, perm)));
+  }
+}
+
 TEST_CASE("Transpose large planes (tiled and 4x4 register paths) and other widths", "[shape_ops]") {
   // Sizes that are not multiples of the tile or the 4x4 block.
   Tensor x = test::random_tensor({3, 131, 67}, 7);

@@ -75,6 +75,25 @@ void for_runs(const StridedRuns& r, int64_t lo, int64_t hi, F&& f) {
 void strided_copy(ThreadPool& pool, const Tensor& src, int64_t base, const std::vector<int64_t>& strides,
                   Tensor& dst);
 
+// strided_copy with the runs already made (make_runs of dst's shape and the strides).
+void strided_copy_runs(ThreadPool& pool, const Tensor& src, int64_t base, const StridedRuns& runs, Tensor& dst);
+
+// How a transpose of a given input shape by a given (valid, non-negative) perm copies: made once,
+// run as often as the shape stays (the Transpose kernel keeps it between runs).
+struct TransposePlan {
+  Shape out_shape;
+  std::vector<int64_t> strides;  // the source stride of each output dimension
+  StridedRuns runs;              // out_shape walked with those strides
+  // A plane transpose inside (the source's contiguous dimension is not the output's inner one):
+  // planes of A rows (source-contiguous) by B columns over the outer dimensions odims.
+  bool tiled = false;
+  std::vector<int64_t> odims, osrc, odst;
+  int64_t A = 0, B = 0, src_col = 0, dst_row = 0;
+};
+TransposePlan plan_transpose(const Shape& in_shape, const std::vector<int64_t>& perm);
+// Writes src transposed by the plan into out (out_shape, src's element type).
+void run_transpose(ThreadPool& pool, const TransposePlan& plan, const Tensor& src, Tensor& out);
+
 // Transposes src by `perm` into a new tensor (any element type).
 Tensor transpose_tensor(ThreadPool& pool, const Tensor& src, const std::vector<int64_t>& perm);
 
