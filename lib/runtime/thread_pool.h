@@ -26,12 +26,20 @@ class FunctionRef;
 template <typename R, typename... Args>
 class FunctionRef<R(Args...)> {
  public:
+  // Any callable object (a lambda, a functor, a std::function); not a bare function name, whose
+  // address is not an object pointer (wrap it in a lambda).
   template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef> &&
+                                                    !std::is_function_v<std::remove_reference_t<F>> &&
                                                     std::is_invocable_r_v<R, F&, Args...>>>
   FunctionRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): takes lambdas as std::function did
       : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
         call_([](void* object, Args... args) -> R {
-          return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<Args>(args)...);
+          auto& callable = *static_cast<std::remove_reference_t<F>*>(object);
+          if constexpr (std::is_void_v<R>) {
+            callable(std::forward<Args>(args)...);  // a result, if any, is dropped as std::function does
+          } else {
+            return callable(std::forward<Args>(args)...);
+          }
         }) {}
   R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
 

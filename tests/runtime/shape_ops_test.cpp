@@ -101,8 +101,9 @@ TEST_CASE("Transpose matches the naive reference for every permutation", "[shape
 }
 
 TEST_CASE("Transpose keeps its plan while the input shape stays and makes a new one when it changes", "[shape_ops]") {
-  // One executor (one kernel object) over runs whose input shape changes, returns, changes rank
-  // (an input of unknown rank); a copy path, a tiled path and identity.
+  // One executor (one kernel object; its input of unknown rank) over runs whose input shape stays,
+  // changes and returns; a copy path, a tiled path and identity; a rank the perm does not fit right
+  // after a planned shape, then that shape again.
   for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 3, 1}, std::vector<int64_t>{0, 1, 3, 2},
                                            std::vector<int64_t>{0, 1, 2, 3}}) {
     ir::Model m;
@@ -124,6 +125,8 @@ TEST_CASE("Transpose keeps its plan while the input shape stays and makes a new 
       CHECK(bytes_equal(out, transpose_ref(in, perm)));
     }
     // A rank the perm does not fit: an error naming the node, then the executor still works.
+    const Tensor before = test::random_tensor({2, 3, 5, 7}, 3);
+    CHECK(bytes_equal(ex.run({{"x", before}}).at(0), transpose_ref(before, perm)));
     CHECK_THROWS_WITH(ex.run({{"x", test::random_tensor({2, 3, 5}, 1)}}), Catch::Contains("node_under_test"));
     const Tensor again = test::random_tensor({2, 3, 5, 7}, 2);
     CHECK(bytes_equal(ex.run({{"x", again}}).at(0), transpose_ref(again, perm)));

@@ -67,6 +67,9 @@ TEST_CASE("FunctionRef calls the callable it refers to, without copying it", "[t
   CHECK(counter(2) == 2);
   CHECK(counter(5) == 7);
   CHECK(counting(1) == 8);  // the referred lambda itself was updated
+  rt::FunctionRef<void(int)> dropping(counting);  // a result dropped, as std::function<void(int)> does
+  dropping(2);
+  CHECK(counting(0) == 10);
   struct Twice {
     int operator()(int x) const { return 2 * x; }
   } twice;

@@ -13,7 +13,7 @@ enum class UnaryIsa { Auto, Avx512, Avx2, Baseline };
 UnaryIsa force_unary_isa(UnaryIsa isa);
 
 // The ISA the element-wise loops run with now: the forced one (or the next narrower one this CPU
-// has), else the widest this CPU has. Softmax's exponential follows it too.
+// has), else the widest this CPU has. Softmax's rows and LayerNormalization's float rows follow it too.
 UnaryIsa unary_isa();
 
 }  // namespace mpq::rt::cpu
