@@ -244,4 +244,28 @@ rt::cpu::Int8ConvScales int8_conv_scales(int64_t m, uint32_t seed) {
   return q;
 }
 
+rt::cpu::DnnlConvShape relu_conv_shape(const ConvGeometry& g, bool residual, int64_t layout,
+                                       const rt::cpu::Int8ConvScales* q) {
+  rt::cpu::DnnlConvShape s;
+  s.n = g.n;
+  s.c = g.c;
+  s.m = g.m;
+  s.ih = g.h;
+  s.iw = g.w;
+  s.kh = s.kw = g.k;
+  s.sh = s.sw = g.stride;
+  s.pt = g.pad_top;
+  s.pb = g.pad_bottom;
+  s.pl = s.pr = g.pad_side;
+  s.oh = (g.h + g.pad_top + g.pad_bottom - g.k) / g.stride + 1;
+  s.ow = (g.w + 2 * g.pad_side - g.k) / g.stride + 1;
+  s.bias = true;
+  s.residual = residual;
+  s.act = rt::cpu::DnnlAct::Relu;
+  s.x_block = s.y_block = layout;
+  if (residual) s.z_block = layout;
+  s.int8 = q;
+  return s;
+}
+
 }  // namespace mpq::test

@@ -106,4 +106,13 @@ Tensor from_channel_layout(const Tensor& t, int64_t block);
 // [-100, 100]) and a random bias in [-0.2, 0.2] from `seed`.
 rt::cpu::Int8ConvScales int8_conv_scales(int64_t m, uint32_t seed);
 
+// A 2-D convolution for onednn_conv_forward: n images of c x h x w into m channels, a square kernel
+// k, one stride, padding top, bottom and left = right; a bias and a ReLU epilogue, Z added where
+// `residual`; X, Y (and Z) in `layout` (as in_channel_layout); int8 with `q` where it is not null.
+struct ConvGeometry {
+  int64_t n, c, m, h, w, k, stride, pad_top, pad_bottom, pad_side;
+};
+rt::cpu::DnnlConvShape relu_conv_shape(const ConvGeometry& g, bool residual, int64_t layout,
+                                       const rt::cpu::Int8ConvScales* q);
+
 }  // namespace mpq::test

@@ -393,26 +393,8 @@ struct BandCase {
 };
 
 rt::cpu::DnnlConvShape band_shape(const BandCase& k, const rt::cpu::Int8ConvScales& q) {
-  rt::cpu::DnnlConvShape s;
-  s.n = 1;
-  s.c = k.c;
-  s.m = k.m;
-  s.ih = k.h;
-  s.iw = k.w;
-  s.kh = s.kw = k.k;
-  s.sh = s.sw = k.stride;
-  s.pt = k.pad_top;
-  s.pb = k.pad_bottom;
-  s.pl = s.pr = k.k / 2;
-  s.oh = (k.h + k.pad_top + k.pad_bottom - k.k) / k.stride + 1;
-  s.ow = (k.w + 2 * (k.k / 2) - k.k) / k.stride + 1;
-  s.bias = true;
-  s.residual = k.residual;
-  s.act = rt::cpu::DnnlAct::Relu;
-  s.x_block = s.y_block = rt::cpu::kChannelsLast;
-  if (k.residual) s.z_block = rt::cpu::kChannelsLast;
-  s.int8 = &q;
-  return s;
+  return test::relu_conv_shape({1, k.c, k.m, k.h, k.w, k.k, k.stride, k.pad_top, k.pad_bottom, k.k / 2}, k.residual,
+                               rt::cpu::kChannelsLast, &q);
 }
 
 // The convolution `s` on a pool of `threads`, with a node state (so that it may be split) or

@@ -25,24 +25,8 @@ struct TuningCase {
 };
 
 rt::cpu::DnnlConvShape shape_of(const TuningCase& k, const rt::cpu::Int8ConvScales* q) {
-  rt::cpu::DnnlConvShape s;
-  s.n = k.n;
-  s.c = k.c;
-  s.m = k.m;
-  s.ih = k.h;
-  s.iw = k.w;
-  s.kh = s.kw = k.k;
-  s.sh = s.sw = k.stride;
-  s.pt = s.pb = s.pl = s.pr = k.pad;
-  s.oh = (k.h + 2 * k.pad - k.k) / k.stride + 1;
-  s.ow = (k.w + 2 * k.pad - k.k) / k.stride + 1;
-  s.bias = true;
-  s.residual = k.residual;
-  s.act = rt::cpu::DnnlAct::Relu;
-  s.x_block = s.y_block = k.layout;
-  if (k.residual) s.z_block = k.layout;
-  if (k.int8) s.int8 = q;
-  return s;
+  return test::relu_conv_shape({k.n, k.c, k.m, k.h, k.w, k.k, k.stride, k.pad, k.pad, k.pad}, k.residual, k.layout,
+                               k.int8 ? q : nullptr);
 }
 
 // One call: y = conv(x) (+ z), with Y in Z's buffer where the case says so (z is copied there first).
