@@ -42,7 +42,7 @@ T abs_value(T x) {
 }
 
 template <typename T>
-T exp_value(T x) {
+__attribute__((always_inline)) inline T exp_value(T x) {
   if constexpr (std::is_same_v<T, float>) return math::fast_exp(x);
   else if constexpr (std::is_floating_point_v<T>) return std::exp(x);
   else return static_cast<T>(std::exp(static_cast<double>(x)));

@@ -22,13 +22,13 @@ namespace {
 enum class Kind { Softmax, LogSoftmax, Hardmax };
 
 template <typename T>
-inline T exp_t(T x) {
+__attribute__((always_inline)) inline T exp_t(T x) {
   if constexpr (std::is_same_v<T, float>) return math::fast_exp(x);
   else return std::exp(x);
 }
 
 template <typename T>
-inline T log_t(T x) {
+__attribute__((always_inline)) inline T log_t(T x) {
   if constexpr (std::is_same_v<T, float>) return math::fast_log(x);
   else return std::log(x);
 }

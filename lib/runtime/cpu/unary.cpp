@@ -264,7 +264,7 @@ struct GeluTanh {
 
 // log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
 template <typename T>
-T softplus(T x) {
+__attribute__((always_inline)) inline T softplus(T x) {
   if constexpr (is_f32<T>) {
     return sel(x > 0.0f, x, 0.0f) + fast_log1p(fast_exp(-std::fabs(x)));
   } else {

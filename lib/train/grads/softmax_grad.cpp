@@ -25,7 +25,7 @@ namespace math = rt::cpu::math;
 enum class Kind { Softmax, LogSoftmax };
 
 template <typename T>
-T exp_t(T x) {
+__attribute__((always_inline)) inline T exp_t(T x) {
   if constexpr (std::is_same_v<T, float>) return math::fast_exp(x);
   else return std::exp(x);
 }

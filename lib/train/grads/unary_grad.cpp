@@ -30,7 +30,7 @@ template <typename T>
 constexpr bool is_f32 = std::is_same_v<T, float>;
 
 template <typename T>
-T exp_t(T x) {
+__attribute__((always_inline)) inline T exp_t(T x) {
   if constexpr (is_f32<T>) return rt::cpu::math::fast_exp(x);
   else return std::exp(x);
 }
