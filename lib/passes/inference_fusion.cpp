@@ -11,6 +11,7 @@
 #include "passes/fuse_conv_bn.h"
 #include "passes/fuse_conv_fake_quant.h"
 #include "passes/fuse_gelu.h"
+#include "passes/fuse_gelu_mlp.h"
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
 #include "passes/fuse_qdq_pair.h"
@@ -45,16 +46,18 @@ std::vector<std::string> fuse_for_inference(ir::Model& model, rt::BackendKind ba
   FuseLayerNorm fuse_ln;
   FuseGelu fuse_gelu;
   FuseMatMulBias fuse_matmul_bias;
+  FuseGeluMlp fuse_gelu_mlp;
   MoveConvBeforeResize conv_before_resize;
   FuseQdqPair fuse_qdq;
   FuseConvFakeQuant fuse_conv_fq;
   DropRedundantFakeQuant drop_fq;
   MarkInt8Conv int8_conv;
   std::vector<Pass*> pipeline = {&fold, &fuse_bn};
-  // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu and mpq::MatMulBias are CPU kernels; the CUDA
+  // mpq::FusedConv, mpq::LayerNormalization, mpq::Gelu, mpq::MatMulBias and mpq::GeluMlp are CPU kernels; the CUDA
   // path runs Conv through cuDNN and the Add/activation bodies, so it keeps the nodes apart.
   if (backend == rt::BackendKind::CPU) {
     pipeline.insert(pipeline.end(), {&conv_before_resize, &fuse_act, &fuse_ln, &fuse_gelu, &fuse_matmul_bias, &fuse_qdq, &fuse_conv_fq, &drop_fq});
+    if (gelu_mlp_enabled()) pipeline.push_back(&fuse_gelu_mlp);
     if (int8_conv_enabled()) pipeline.push_back(&int8_conv);
   }
   std::vector<std::string> notes;

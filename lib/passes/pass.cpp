@@ -11,6 +11,7 @@
 #include "passes/fuse_conv_activation.h"
 #include "passes/fuse_conv_bn.h"
 #include "passes/fuse_gelu.h"
+#include "passes/fuse_gelu_mlp.h"
 #include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
 #include "passes/move_conv_before_resize.h"
@@ -78,6 +79,7 @@ void register_all_passes(PassRegistry& r) {
   r.add("fuse_layer_norm", [] { return std::make_unique<FuseLayerNorm>(); });
   r.add("fuse_gelu", [] { return std::make_unique<FuseGelu>(); });
   r.add("fuse_matmul_bias", [] { return std::make_unique<FuseMatMulBias>(); });
+  r.add("fuse_gelu_mlp", [] { return std::make_unique<FuseGeluMlp>(); });
   r.add("move_conv_before_resize", [] { return std::make_unique<MoveConvBeforeResize>(); });
   r.add("fuse_qdq_pair", [] { return std::make_unique<FuseQdqPair>(); });
   r.add("fuse_conv_fake_quant", [] { return std::make_unique<FuseConvFakeQuant>(); });

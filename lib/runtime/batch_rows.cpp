@@ -140,6 +140,19 @@ std::string row_problem(const ir::Model& model, const ir::Node& n, const ValueSe
     out_rank = rb == 1 ? ra - 1 : ra;
     return {};
   }
+  // A feed-forward block (runtime/cpu/mlp.cpp): two products with 2-D weights and biases of rank <= 1
+  // around a Gelu, each row of Y from the same row of X.
+  if (op == "mpq::GeluMlp") {
+    if (!only_rows_in({0})) return "reads rows as a weight or bias";
+    for (const size_t i : {size_t{1}, size_t{3}})
+      if (rank_of(n.input(i)) != 2) return "multiplies by weights that are not matrices";
+    for (const size_t i : {size_t{2}, size_t{4}}) {
+      const int rc = rank_of(n.input(i));
+      if (rc < 0 || rc > 1) return "adds a bias that may have rows";
+    }
+    if (rank_of(n.input(0)) < 2) return "multiplies a vector";
+    return {};
+  }
   if (op == "Concat") {
     for (size_t i = 0; i < n.num_inputs(); ++i)
       if (n.input(i) && !has_rows(i)) return "joins rows with a tensor that has none";

@@ -78,6 +78,32 @@ TEST_CASE("rows_independent accepts per-row graphs and names the first node that
     s.output(out);
     CHECK_THAT(why_not(s.m), Catch::Contains("reshape") && Catch::Contains("Reshape"));
   }
+  SECTION("a feed-forward block keeps rows apart; with rows as its weights it does not") {
+    for (const bool rows_as_weights : {false, true}) {
+      ir::Model m;
+      m.set_opset("", 17);
+      m.set_opset("mpq", 1);
+      ir::Graph& g = *m.graph;
+      ir::Value* x = g.add_value("x", batched({5, 24}));
+      g.add_input(x);
+      ir::Value* w1 = g.add_initializer("w1", test::random_tensor({24, 32}, 1));
+      ir::Value* w2 = g.add_initializer("w2", test::random_tensor({32, 24}, 2));
+      if (rows_as_weights) {
+        w1 = g.add_value("w1_rows", batched({32}));  // [N, 32]: a "weight" that holds rows
+        g.add_input(w1);
+      }
+      ir::Value* y = g.add_value("y", batched({5, 24}));
+      g.add_node("GeluMlp", {x, w1, g.add_initializer("b1", test::random_tensor({32}, 3)), w2,
+                             g.add_initializer("b2", test::random_tensor({24}, 4))},
+                 {y}, "mlp", "mpq");
+      g.add_output(y);
+      INFO("rows as weights " << rows_as_weights);
+      if (rows_as_weights)
+        CHECK_THAT(why_not(m), Catch::Contains("mlp"));
+      else
+        CHECK(rt::rows_independent(m));
+    }
+  }
   SECTION("Softmax over the batch axis, Concat along it, Gemm reading rows transposed") {
     for (const char* which : {"softmax", "concat", "gemm"}) {
       SmallCnn s;

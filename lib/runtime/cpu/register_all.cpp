@@ -8,6 +8,7 @@ void register_all(OpRegistry& r) {
   cpu::register_softmax(r);
   cpu::register_conv(r);
   cpu::register_matmul(r);
+  cpu::register_mlp(r);
   cpu::register_pool(r);
   cpu::register_norm(r);
   cpu::register_reduce(r);

@@ -9,6 +9,7 @@ void register_unary(OpRegistry& r);         // unary.cpp: activations and math f
 void register_softmax(OpRegistry& r);       // softmax.cpp
 void register_conv(OpRegistry& r);          // conv.cpp: Conv, ConvTranspose
 void register_matmul(OpRegistry& r);        // matmul.cpp: Gemm, MatMul
+void register_mlp(OpRegistry& r);           // mlp.cpp: mpq::GeluMlp (a transformer's feed-forward block)
 void register_pool(OpRegistry& r);          // pool.cpp
 void register_norm(OpRegistry& r);          // norm.cpp: batch/layer/instance/group norm
 void register_reduce(OpRegistry& r);        // reduce.cpp: Reduce*, ArgMax/ArgMin, CumSum

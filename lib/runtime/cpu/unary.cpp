@@ -95,17 +95,21 @@ constexpr int64_t elems_per_chunk() {
   else return 16384;
 }
 
+// Elements [lo, hi) on the calling thread, by the build of the ISA in force (unary_isa()).
+template <typename TI, typename TO, typename F>
+void map_range_isa(UnaryIsa forced, const TI* in, TO* out, int64_t lo, int64_t hi, const F& f) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if ((forced == UnaryIsa::Auto || forced == UnaryIsa::Avx512) && cpu_has_avx512())
+    return map_range_avx512(in, out, lo, hi, f);
+  if (forced != UnaryIsa::Baseline && cpu_has_avx2()) return map_range_avx2(in, out, lo, hi, f);
+#endif
+  map_range(in, out, lo, hi, f);
+}
+
 template <typename TI, typename TO, typename F>
 void map_elems(ThreadPool& pool, const TI* in, TO* out, int64_t n, const F& f, int64_t grain = 16384) {
   const auto forced = static_cast<UnaryIsa>(g_forced_isa.load(std::memory_order_relaxed));
-  pool.parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if ((forced == UnaryIsa::Auto || forced == UnaryIsa::Avx512) && cpu_has_avx512())
-      return map_range_avx512(in, out, lo, hi, f);
-    if (forced != UnaryIsa::Baseline && cpu_has_avx2()) return map_range_avx2(in, out, lo, hi, f);
-#endif
-    map_range(in, out, lo, hi, f);
-  });
+  pool.parallel_for(n, grain, [&](int64_t lo, int64_t hi) { map_range_isa(forced, in, out, lo, hi, f); });
 }
 
 template <typename T>
@@ -240,6 +244,7 @@ struct Erf {
 struct GeluErf {
   static constexpr Types kTypes = Types::Float;
   static constexpr bool kCostly = true;
+  GeluErf() = default;
   explicit GeluErf(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -253,6 +258,7 @@ struct GeluErf {
 struct GeluTanh {
   static constexpr Types kTypes = Types::Float;
   static constexpr bool kCostly = true;
+  GeluTanh() = default;
   explicit GeluTanh(const KernelContext&) {}
   template <typename T>
   T operator()(T x) const {
@@ -467,6 +473,23 @@ void unary_kernel(KernelContext& ctx) {
     }
   });
 }
+
+// Gelu over n floats on the calling thread: the Gelu kernel's functor, loop and ISA, so the same bits.
+template <class Op>
+void gelu_range_with(const float* in, float* out, int64_t n) {
+  const Op op;
+  const auto forced = static_cast<UnaryIsa>(g_forced_isa.load(std::memory_order_relaxed));
+  map_range_isa(forced, in, out, int64_t{0}, n, [op](float v) { return op.template operator()<float>(v); });
+}
+
+}  // namespace
+
+void gelu_range(bool tanh, const float* in, float* out, int64_t n) {
+  if (tanh) gelu_range_with<GeluTanh>(in, out, n);
+  else gelu_range_with<GeluErf>(in, out, n);
+}
+
+namespace {
 
 void gelu_kernel(KernelContext& ctx) {
   const std::string a = ctx.node().attr_string("approximate", "none");

@@ -1,0 +1,123 @@
+// mpq::GeluMlp (passes/fuse_gelu_mlp): a transformer's feed-forward block, Y = (Gelu(X W1 + b1)) W2 +
+// b2, for small constant W1 [K, H] and W2 [H, N], in one kernel.
+//
+// Why: run as three nodes, each product and the Gelu is a parallel loop of its own. At batch 1 (16-17
+// tokens) each is a few microseconds, and splitting one over two threads meant the other core
+// fetching what this one just wrote (a product's rows, then Gelu's input) at every node: slower than
+// one thread (docs/runtime.md, twenty-ninth session). Here each thread takes a band of rows through
+// all three steps, its hidden rows staying in its own cache: one fork and join, and only X's rows
+// in and Y's rows out cross between cores.
+//
+// Bits: each step is the unfused node's arithmetic on the same rows. The products are small_gemm's
+// rows (gemm_small.h: a row's sums do not depend on which rows are computed with it) onto rows
+// holding the bias (beta = 1), as mpq::MatMulBias computes them; Gelu is the Gelu kernel's loop
+// (unary.h, gelu_range). So the fused node gives the unfused graph's bits, on any thread count.
+// Where small_gemm does not apply (no AVX2 and FMA, a DeterministicBlas scope) the same steps run
+// through OpenBLAS on the calling thread.
+#include <algorithm>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "runtime/cpu/common.h"
+#include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/gemm_small.h"
+#include "runtime/cpu/register_all.h"
+#include "runtime/cpu/unary.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace mpq::rt::cpu {
+
+namespace {
+
+// Rows of the hidden layer computed at a time: their H values (at most kSmallGemmMaxB / K * 16
+// floats) stay in L1 between the two products.
+constexpr int64_t kRowsPerBlock = 16;
+// A thread takes a band of rows from this many multiply-adds (both products): the ViT's block at
+// batch 1, 17 x (64 x 128 + 128 x 64), splits in two.
+constexpr int64_t kMinMacsPerBand = 128 * 1024;
+
+// Rows per band: the rows cut evenly into as many bands as there are threads, or fewer where a
+// band would hold under kMinMacsPerBand (17 rows at 16 per band would leave one row to the second
+// thread).
+int64_t rows_per_band(int64_t rows, int64_t macs_per_row, int threads) {
+  const int64_t bands = std::clamp<int64_t>(rows * macs_per_row / kMinMacsPerBand, 1, threads);
+  return (rows + bands - 1) / bands;
+}
+
+void fill_bias_rows(float* y, int64_t rows, int64_t n, const float* bias, bool per_column) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * n;
+    if (per_column)
+      std::copy(bias, bias + n, row);
+    else
+      std::fill(row, row + n, bias[0]);
+  }
+}
+
+void gelu_mlp_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& w1 = ctx.input(1);
+  const Tensor& b1 = ctx.input(2);
+  const Tensor& w2 = ctx.input(3);
+  const Tensor& b2 = ctx.input(4);
+  for (const Tensor* t : {&x, &w1, &b1, &w2, &b2})
+    if (t->dtype() != DType::Float32) ctx.fail("needs float32 inputs, got {}", dtype_name(t->dtype()));
+  if (x.rank() == 0 || w1.rank() != 2 || w2.rank() != 2)
+    ctx.fail("needs X of rank >= 1 and 2-D W1 and W2, got {}, {} and {}", shape_str(x.shape()), shape_str(w1.shape()),
+             shape_str(w2.shape()));
+  const int64_t K = x.dim(-1), H = w1.dim(1), N = w2.dim(1);
+  if (w1.dim(0) != K || w2.dim(0) != H)
+    ctx.fail("X {}, W1 {} and W2 {} do not chain", shape_str(x.shape()), shape_str(w1.shape()), shape_str(w2.shape()));
+  if ((b1.numel() != H && b1.numel() != 1) || (b2.numel() != N && b2.numel() != 1))
+    ctx.fail("biases {} and {} must have {} and {} values (or one)", shape_str(b1.shape()), shape_str(b2.shape()), H, N);
+  const std::string approximate = ctx.node().attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    ctx.fail("Gelu approximate must be 'none' or 'tanh', got '{}'", approximate);
+  const bool tanh = approximate == "tanh";
+  Shape yshape(x.shape().begin(), x.shape().end() - 1);
+  yshape.push_back(N);
+  Tensor& y = ctx.alloc_output(0, DType::Float32, yshape);
+  const int64_t M = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  if (M == 0 || N == 0) return;
+  const float* xp = x.data<float>();
+  const float* w1p = w1.data<float>();
+  const float* w2p = w2.data<float>();
+  const float* b1p = b1.data<float>();
+  const float* b2p = b2.data<float>();
+  float* yp = y.data<float>();
+  const bool b1_columns = b1.numel() == H, b2_columns = b2.numel() == N;
+  const bool small = K > 0 && H > 0 && small_gemm_applies(false, false, K, H) && small_gemm_applies(false, false, H, N);
+  if (!small) {
+    // As the unfused nodes would without mpq's kernel, on OpenBLAS (whose sums depend on the rows
+    // it is given together, so it runs whole).
+    std::vector<float> hidden(static_cast<size_t>(M * H));
+    fill_bias_rows(hidden.data(), M, H, b1p, b1_columns);
+    if (K > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, xp, K, w1p, H, 1.0f, hidden.data(), H);
+    gelu_range(tanh, hidden.data(), hidden.data(), M * H);
+    fill_bias_rows(yp, M, N, b2p, b2_columns);
+    if (H > 0) blas_gemm_rows(ctx.pool(), false, false, M, N, H, 1.0f, hidden.data(), H, w2p, N, 1.0f, yp, N);
+    return;
+  }
+  const SmallGemmIsa isa = small_gemm_isa();
+  const int64_t band = rows_per_band(M, K * H + H * N, ctx.pool().size());
+  ctx.pool().parallel_for(M, band, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> hidden;
+    hidden.resize(static_cast<size_t>(kRowsPerBlock * H));
+    for (int64_t r0 = lo; r0 < hi; r0 += kRowsPerBlock) {
+      const int64_t rows = std::min(kRowsPerBlock, hi - r0);
+      float* h = hidden.data();
+      fill_bias_rows(h, rows, H, b1p, b1_columns);
+      small_gemm_rows_on(isa, false, 0, rows, H, K, 1.0f, xp + r0 * K, K, w1p, H, 1.0f, h, H);
+      gelu_range(tanh, h, h, rows * H);
+      fill_bias_rows(yp + r0 * N, rows, N, b2p, b2_columns);
+      small_gemm_rows_on(isa, false, 0, rows, N, H, 1.0f, h, H, w2p, N, 1.0f, yp + r0 * N, N);
+    }
+  });
+}
+
+}  // namespace
+
+void register_mlp(OpRegistry& r) { r.add_fn("mpq", "GeluMlp", 1, 1, BackendKind::CPU, gelu_mlp_kernel); }
+
+}  // namespace mpq::rt::cpu

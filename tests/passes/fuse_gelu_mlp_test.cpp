@@ -1,0 +1,179 @@
+// fuse_gelu_mlp: mpq::MatMulBias -> Gelu -> mpq::MatMulBias becomes one mpq::GeluMlp with the same
+// bits (one and two threads); guarded cases (an intermediate read elsewhere or a graph output,
+// weights too large or too narrow for mpq's small-B kernel, weights that are not constants, an
+// ONNX Gelu of another approximation) are left alone; on the exported transformers every
+// feed-forward block fuses and the outputs keep their bits.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "ir/verify.h"
+#include "passes/fuse_gelu.h"
+#include "passes/fuse_gelu_mlp.h"
+#include "passes/fuse_matmul_bias.h"
+#include "passes/inference_fusion.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+using namespace mpq;
+using namespace mpq::ir;
+
+namespace {
+
+struct Options {
+  int64_t k = 24, hidden = 48, out = 32;
+  bool hidden_read_twice = false;    // fc1's output also feeds a Neg (a graph output)
+  bool gelu_is_output = false;       // the Gelu's output is also a graph output
+  bool w2_is_input = false;          // W2 is a graph input
+  bool onnx_gelu = false;            // ONNX Gelu (opset 20) instead of mpq::Gelu
+  std::string approximate = "none";
+};
+
+// x[2, 9, K] -> MatMulBias(W1, b1) -> Gelu -> MatMulBias(W2, b2) -> y
+Model mlp_model(const Options& o) {
+  Model m;
+  m.set_opset("", o.onnx_gelu ? 20 : 17);
+  m.set_opset("mpq", 1);
+  Graph& g = *m.graph;
+  Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{2, 9, o.k}));
+  g.add_input(x);
+  Value* w1 = g.add_initializer("w1", test::random_tensor({o.k, o.hidden}, 2, -0.5f, 0.5f));
+  Value* b1 = g.add_initializer("b1", test::random_tensor({o.hidden}, 3));
+  Value* w2 = nullptr;
+  if (o.w2_is_input) {
+    w2 = g.add_value("w2", ValueType::tensor(DType::Float32, Shape{o.hidden, o.out}));
+    g.add_input(w2);
+  } else {
+    w2 = g.add_initializer("w2", test::random_tensor({o.hidden, o.out}, 4, -0.5f, 0.5f));
+  }
+  Value* b2 = g.add_initializer("b2", test::random_tensor({o.out}, 5));
+  Value* h = g.add_value("h");
+  Value* a = g.add_value("a");
+  Value* y = g.add_value("y");
+  g.add_node("MatMulBias", {x, w1, b1}, {h}, "fc1", "mpq");
+  Node* gelu = g.add_node("Gelu", {h}, {a}, "gelu", o.onnx_gelu ? "" : "mpq");
+  gelu->set_attr(Attribute::make_string("approximate", o.approximate));
+  g.add_node("MatMulBias", {a, w2, b2}, {y}, "fc2", "mpq");
+  g.add_output(y);
+  if (o.hidden_read_twice) {
+    Value* n = g.add_value("neg");
+    g.add_node("Neg", {h}, {n}, "neg");
+    g.add_output(n);
+  }
+  if (o.gelu_is_output) g.add_output(a);
+  return m;
+}
+
+rt::Feeds feeds_for(const Model& m) {
+  rt::Feeds f;
+  uint32_t seed = 30;
+  for (Value* v : m.graph->inputs()) {
+    Shape s;
+    for (const auto& d : v->type.dims) s.push_back(d.value);
+    f[v->name()] = test::random_tensor(s, seed++, -2.0f, 2.0f);
+  }
+  return f;
+}
+
+// Runs the pass and checks the outputs keep their bits on one and two threads.
+passes::PassStats fuse_and_compare(Model& m) {
+  const rt::Feeds feeds = feeds_for(m);
+  std::vector<std::vector<Tensor>> before;
+  for (int threads : {1, 2}) before.push_back(test::run_model(m, feeds, threads));
+  passes::FuseGeluMlp pass;
+  passes::PassStats s = passes::run_pass(pass, m);
+  REQUIRE(verify(m).empty());
+  for (int t = 0; t < 2; ++t) {
+    const auto after = test::run_model(m, feeds, t + 1);
+    REQUIRE(after.size() == before[static_cast<size_t>(t)].size());
+    for (size_t i = 0; i < after.size(); ++i) CHECK(test::same_bits(after[i], before[static_cast<size_t>(t)][i]));
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("fuse_gelu_mlp turns MatMulBias -> Gelu -> MatMulBias into one node with the same bits", "[passes][fuse]") {
+  for (const bool onnx_gelu : {false, true})
+    for (const std::string approximate : {"none", "tanh"}) {
+      INFO((onnx_gelu ? "ONNX" : "mpq") << " Gelu, approximate " << approximate);
+      Options o;
+      o.onnx_gelu = onnx_gelu;
+      o.approximate = approximate;
+      Model m = mlp_model(o);
+      CHECK(fuse_and_compare(m).changed == 1);
+      REQUIRE(m.graph->num_nodes() == 1);
+      const Node& fused = *m.graph->nodes()[0];
+      CHECK(fused.domain == "mpq");
+      CHECK(fused.op_type == "GeluMlp");
+      CHECK(fused.attr_string("approximate", "") == approximate);
+      CHECK(fused.input(0)->name() == "x");
+      CHECK(fused.input(3)->name() == "w2");
+      CHECK(m.graph->outputs()[0]->name() == "y");
+    }
+}
+
+TEST_CASE("fuse_gelu_mlp leaves guarded patterns alone", "[passes][fuse]") {
+  auto unchanged = [](const Options& o) {
+    Model m = mlp_model(o);
+    const size_t nodes = m.graph->num_nodes();
+    CHECK(fuse_and_compare(m).changed == 0);
+    CHECK(m.graph->num_nodes() == nodes);
+  };
+  Options o;
+  SECTION("fc1's output is read twice") { o.hidden_read_twice = true; }
+  SECTION("the Gelu's output is a graph output") { o.gelu_is_output = true; }
+  SECTION("W2 is a graph input") { o.w2_is_input = true; }
+  SECTION("W1 too large for the small-B kernel") {
+    o.k = 128;
+    o.hidden = 160;  // 20,480 values
+  }
+  SECTION("a hidden layer narrower than one vector") { o.hidden = 8; }
+  unchanged(o);
+}
+
+TEST_CASE("fuse_gelu_mlp leaves a Gelu of an unknown approximation alone", "[passes][fuse]") {
+  Options o;
+  o.approximate = "fast";  // the Gelu kernel refuses it at run time, naming the node
+  Model m = mlp_model(o);
+  passes::FuseGeluMlp pass;
+  CHECK(passes::run_pass(pass, m).changed == 0);
+  CHECK(test::count_ops(m, "Gelu") == 1);
+}
+
+TEST_CASE("fuse_gelu_mlp on the exported transformers fuses every block and keeps the outputs' bits",
+          "[passes][fuse][models]") {
+  for (const auto& [name, blocks] : {std::pair{"transformer_op17.onnx", 2}, std::pair{"fashion/fashion_vit.onnx", 4}}) {
+    INFO(name);
+    Model m = test::load_test_model(name);
+    const rt::Feeds feeds = test::random_feeds(m, 9);
+    passes::FuseMatMulBias matmul_bias;
+    passes::FuseGelu gelu;
+    passes::run_pass(matmul_bias, m);
+    passes::run_pass(gelu, m);
+    std::vector<std::vector<Tensor>> before;
+    for (int threads : {1, 2}) before.push_back(test::run_model(m, feeds, threads));
+    passes::FuseGeluMlp mlp;
+    CHECK(passes::run_pass(mlp, m).changed == blocks);
+    REQUIRE(verify(m).empty());
+    CHECK(test::count_ops(m, "GeluMlp") == blocks);
+    CHECK(test::count_ops(m, "Gelu") == 0);
+    for (int t = 0; t < 2; ++t) {
+      const auto after = test::run_model(m, feeds, t + 1);
+      for (size_t i = 0; i < after.size(); ++i) CHECK(test::same_bits(after[i], before[static_cast<size_t>(t)][i]));
+    }
+  }
+}
+
+TEST_CASE("mpq run's fusions include fuse_gelu_mlp unless MPQ_GELU_MLP=0", "[passes][fuse][models]") {
+  auto fused_blocks = [] {
+    Model m = test::load_test_model("transformer_op17.onnx");
+    passes::fuse_for_inference(m, rt::BackendKind::CPU, {});
+    return test::count_ops(m, "GeluMlp");
+  };
+  CHECK(fused_blocks() == 2);
+  setenv("MPQ_GELU_MLP", "0", 1);
+  const int off = fused_blocks();
+  unsetenv("MPQ_GELU_MLP");
+  CHECK(off == 0);
+}
