@@ -23,9 +23,10 @@ const Tensor* matmul_bias_weights(const ir::Node& n) {
   return w;
 }
 
-// Whether W [K, N] is a right operand mpq's small-B kernel takes (gemm_small.h, B not transposed).
+// Whether W [K, N] is a right operand mpq's small-B kernel takes on this CPU (gemm_small.h, B not
+// transposed): the fused kernel's bits are the unfused nodes' only where both products run there.
 bool small_right_operand(const Tensor& w) {
-  return w.dim(0) > 0 && w.dim(1) >= 16 && w.dim(0) * w.dim(1) <= rt::cpu::kSmallGemmMaxB;
+  return rt::cpu::small_gemm_applies(false, false, w.dim(0), w.dim(1));
 }
 
 // Read by exactly one node, and not a graph output.
@@ -36,6 +37,7 @@ bool only_inside(const ir::Model& model, const ir::Value* v) {
 // The pattern's two products around this Gelu, or nulls.
 std::pair<ir::Node*, ir::Node*> products(const ir::Model& model, const ir::Node& gelu) {
   if ((gelu.domain != "mpq" && !gelu.domain.empty()) || gelu.op_type != "Gelu") return {};
+  if (gelu.domain.empty() && model.opset("") < 20) return {};  // no ONNX Gelu before opset 20
   if (gelu.num_inputs() != 1 || gelu.num_outputs() != 1) return {};
   const std::string approximate = gelu.attr_string("approximate", "none");
   if (approximate != "none" && approximate != "tanh") return {};

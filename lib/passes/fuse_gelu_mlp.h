@@ -10,9 +10,10 @@ namespace mpq::passes {
 // of rows through all three steps: one parallel loop instead of three, the hidden rows kept in
 // the thread's own cache. The same bits as the three nodes.
 //
-// Guarded: the Gelu is mpq::Gelu or ONNX Gelu (approximate "none" or "tanh"); W1 [K, H] and
-// W2 [H, N] are float32 constants small enough for mpq's own small-B kernel (K * H and H * N at
-// most kSmallGemmMaxB, H and N at least 16; larger ones run on oneDNN unfused); the biases are
+// Guarded: the Gelu is mpq::Gelu or ONNX Gelu (opset 20+; approximate "none" or "tanh"); W1 [K, H]
+// and W2 [H, N] are float32 constants that mpq's own small-B kernel takes on this CPU
+// (small_gemm_applies: K * H and H * N at most kSmallGemmMaxB, H and N at least 16, AVX2 and FMA;
+// larger products stay MatMulBias nodes, on OpenBLAS or oneDNN's matmul); the biases are
 // constants of rank <= 1; the first product's and the Gelu's outputs are read only inside the
 // pattern and are not graph outputs (a tensor kept for calibration stays observable).
 // False when MPQ_GELU_MLP=0 is set: `mpq run` then keeps the three nodes (for comparisons).

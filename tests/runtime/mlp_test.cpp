@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ir/graph.h"
 #include "runtime/cpu/conv_common.h"
+#include "runtime/cpu/gemm_small.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 
@@ -54,7 +55,8 @@ Model mlp_model(const MlpShape& s, bool fused) {
 
 TEST_CASE("mpq::GeluMlp gives the bits of MatMulBias -> Gelu -> MatMulBias on any thread count", "[runtime][mlp]") {
   std::vector<MlpShape> shapes;
-  for (const Shape& x : {Shape{1, 24}, Shape{5, 24}, Shape{1, 17, 64}, Shape{3, 11, 24}, Shape{2, 33, 64}}) {
+  for (const Shape& x :
+       {Shape{24}, Shape{0, 24}, Shape{1, 24}, Shape{5, 24}, Shape{1, 17, 64}, Shape{3, 11, 24}, Shape{2, 33, 64}}) {
     MlpShape s;
     s.x = x;
     if (x.back() == 64) {
@@ -90,6 +92,7 @@ TEST_CASE("mpq::GeluMlp on OpenBLAS where mpq's small-B kernel is off keeps the 
   s.x = {9, 24};
   const rt::Feeds feeds{{"x", test::random_tensor(s.x, 31, -3.0f, 3.0f)}};
   rt::cpu::DeterministicBlas blas;  // small_gemm_applies is false on this thread
+  REQUIRE_FALSE(rt::cpu::small_gemm_applies(false, false, 24, s.hidden));
   const Tensor expected = test::run_model(mlp_model(s, false), feeds, 1)[0];
   const Tensor got = test::run_model(mlp_model(s, true), feeds, 1)[0];
   CHECK(test::same_bits(got, expected));

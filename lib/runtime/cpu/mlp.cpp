@@ -12,8 +12,9 @@
 // rows (gemm_small.h: a row's sums do not depend on which rows are computed with it) onto rows
 // holding the bias (beta = 1), as mpq::MatMulBias computes them; Gelu is the Gelu kernel's loop
 // (unary.h, gelu_range). So the fused node gives the unfused graph's bits, on any thread count.
-// Where small_gemm does not apply (no AVX2 and FMA, a DeterministicBlas scope) the same steps run
-// through OpenBLAS on the calling thread.
+// The pass fuses only where small_gemm applies; where it then does not at run time (a
+// DeterministicBlas scope) the steps run whole on OpenBLAS, whose sums can differ from what the
+// unfused nodes would take there for a large product (oneDNN's matmul from 256K multiply-adds).
 #include <algorithm>
 #include <vector>
 
@@ -30,8 +31,8 @@ namespace mpq::rt::cpu {
 
 namespace {
 
-// Rows of the hidden layer computed at a time: their H values (at most kSmallGemmMaxB / K * 16
-// floats) stay in L1 between the two products.
+// Rows of the hidden layer computed at a time: 16 x H values (8 KiB for the shipped transformers'
+// H of 128) stay in L1 between the two products.
 constexpr int64_t kRowsPerBlock = 16;
 // A thread takes a band of rows from this many multiply-adds (both products): the ViT's block at
 // batch 1, 17 x (64 x 128 + 128 x 64), splits in two.
@@ -93,7 +94,7 @@ void gelu_mlp_kernel(KernelContext& ctx) {
     // it is given together, so it runs whole).
     std::vector<float> hidden(static_cast<size_t>(M * H));
     fill_bias_rows(hidden.data(), M, H, b1p, b1_columns);
-    if (K > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, xp, K, w1p, H, 1.0f, hidden.data(), H);
+    if (K > 0 && H > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, xp, K, w1p, H, 1.0f, hidden.data(), H);
     gelu_range(tanh, hidden.data(), hidden.data(), M * H);
     fill_bias_rows(yp, M, N, b2p, b2_columns);
     if (H > 0) blas_gemm_rows(ctx.pool(), false, false, M, N, H, 1.0f, hidden.data(), H, w2p, N, 1.0f, yp, N);
