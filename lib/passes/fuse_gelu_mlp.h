@@ -3,6 +3,9 @@
 
 namespace mpq::passes {
 
+// False when MPQ_GELU_MLP=0 is set: `mpq run` then keeps the nodes apart (for comparisons).
+bool gelu_mlp_enabled();
+
 // Inference-time fusion for `mpq run`: a transformer's feed-forward block as the earlier fusions
 // leave it,
 //   mpq::MatMulBias(X, W1, b1) -> Gelu -> mpq::MatMulBias(., W2, b2)
@@ -16,8 +19,12 @@ namespace mpq::passes {
 // larger products stay MatMulBias nodes, on OpenBLAS or oneDNN's matmul); the biases are
 // constants of rank <= 1; the first product's and the Gelu's outputs are read only inside the
 // pattern and are not graph outputs (a tensor kept for calibration stays observable).
-// False when MPQ_GELU_MLP=0 is set: `mpq run` then keeps the three nodes (for comparisons).
-bool gelu_mlp_enabled();
+//
+// A pre-norm block around it folds in too: a LayerNormalization over the last axis (constant
+// scale and bias of K values, its other outputs unread) whose output only the first product reads
+// becomes the node's layer_norm (inputs 5 and 6, its epsilon), and an Add of the block's output and
+// the block's own input X (N == K), read by nothing else, its residual: x + MLP(LayerNorm(x)),
+// a transformer layer's second half, as one node with one fork and join.
 
 class FuseGeluMlp : public NodeRewritePass {
  public:

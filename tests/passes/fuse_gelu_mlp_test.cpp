@@ -1,5 +1,6 @@
 // fuse_gelu_mlp: mpq::MatMulBias -> Gelu -> mpq::MatMulBias becomes one mpq::GeluMlp with the same
-// bits (one and two threads); guarded cases (an intermediate read elsewhere or a graph output,
+// bits (one and two threads), with a pre-norm block's LayerNorm and residual Add folded in where
+// only the block reads them; guarded cases (an intermediate read elsewhere or a graph output,
 // weights too large or too narrow for mpq's small-B kernel, weights that are not constants, an
 // ONNX Gelu of another approximation) are left alone; on the exported transformers every
 // feed-forward block fuses and the outputs keep their bits.
@@ -11,6 +12,7 @@
 #include "ir/verify.h"
 #include "passes/fuse_gelu.h"
 #include "passes/fuse_gelu_mlp.h"
+#include "passes/fuse_layer_norm.h"
 #include "passes/fuse_matmul_bias.h"
 #include "passes/inference_fusion.h"
 #include "runtime/executor.h"
@@ -28,6 +30,9 @@ struct Options {
   bool w2_is_input = false;          // W2 is a graph input
   bool onnx_gelu = false;            // ONNX Gelu (opset 20) instead of mpq::Gelu
   std::string approximate = "none";
+  bool pre_norm = false;             // x -> LayerNormalization -> block -> Add(x, .) (out == k)
+  bool normalized_read_twice = false;  // with pre_norm: the LayerNorm's output also feeds a Neg
+  bool add_other = false;            // with pre_norm: the Add adds another input, not x
 };
 
 // x[2, 9, K] -> MatMulBias(W1, b1) -> Gelu -> MatMulBias(W2, b2) -> y
@@ -38,6 +43,15 @@ Model mlp_model(const Options& o) {
   Graph& g = *m.graph;
   Value* x = g.add_value("x", ValueType::tensor(DType::Float32, Shape{2, 9, o.k}));
   g.add_input(x);
+  Value* in = x;
+  if (o.pre_norm) {
+    in = g.add_value("normalized");
+    g.add_node("LayerNormalization",
+               {x, g.add_initializer("ln_scale", test::random_tensor({o.k}, 6, 0.5f, 1.5f)),
+                g.add_initializer("ln_bias", test::random_tensor({o.k}, 7))},
+               {in}, "ln")
+        ->set_attr(Attribute::make_float("epsilon", 1e-6f));
+  }
   Value* w1 = g.add_initializer("w1", test::random_tensor({o.k, o.hidden}, 2, -0.5f, 0.5f));
   Value* b1 = g.add_initializer("b1", test::random_tensor({o.hidden}, 3));
   Value* w2 = nullptr;
@@ -51,10 +65,26 @@ Model mlp_model(const Options& o) {
   Value* h = g.add_value("h");
   Value* a = g.add_value("a");
   Value* y = g.add_value("y");
-  g.add_node("MatMulBias", {x, w1, b1}, {h}, "fc1", "mpq");
+  g.add_node("MatMulBias", {in, w1, b1}, {h}, "fc1", "mpq");
   Node* gelu = g.add_node("Gelu", {h}, {a}, "gelu", o.onnx_gelu ? "" : "mpq");
   gelu->set_attr(Attribute::make_string("approximate", o.approximate));
-  g.add_node("MatMulBias", {a, w2, b2}, {y}, "fc2", "mpq");
+  if (o.pre_norm) {
+    Value* block = g.add_value("block");
+    g.add_node("MatMulBias", {a, w2, b2}, {block}, "fc2", "mpq");
+    Value* other = x;
+    if (o.add_other) {
+      other = g.add_value("other", ValueType::tensor(DType::Float32, Shape{2, 9, o.k}));
+      g.add_input(other);
+    }
+    g.add_node("Add", {block, other}, {y}, "residual");
+    if (o.normalized_read_twice) {
+      Value* n = g.add_value("neg_normalized");
+      g.add_node("Neg", {in}, {n}, "neg_normalized");
+      g.add_output(n);
+    }
+  } else {
+    g.add_node("MatMulBias", {a, w2, b2}, {y}, "fc2", "mpq");
+  }
   g.add_output(y);
   if (o.hidden_read_twice) {
     Value* n = g.add_value("neg");
@@ -103,6 +133,36 @@ TEST_CASE("fuse_gelu_mlp turns MatMulBias -> Gelu -> MatMulBias into one node wi
     }
 }
 
+TEST_CASE("fuse_gelu_mlp folds a pre-norm block's LayerNorm and residual Add in where it can", "[passes][fuse]") {
+  struct Case {
+    const char* what;
+    bool read_twice, add_other;
+    size_t nodes;         // after the pass
+    bool norm, residual;  // folded into the node
+  };
+  for (const Case& c : {Case{"the whole block", false, false, 1, true, true},
+                        Case{"the LayerNorm's output read elsewhere (the Add then adds what the node does not read)", true, false, 4, false, false},
+                        Case{"an Add of another tensor", false, true, 2, true, false}}) {
+    INFO(c.what);
+    Options o;
+    o.k = o.out = 24;
+    o.pre_norm = true;
+    o.normalized_read_twice = c.read_twice;
+    o.add_other = c.add_other;
+    Model m = mlp_model(o);
+    CHECK(fuse_and_compare(m).changed == 1);
+    CHECK(m.graph->num_nodes() == c.nodes);
+    REQUIRE(test::count_ops(m, "GeluMlp") == 1);
+    for (const auto& n : m.graph->nodes()) {
+      if (n->op_type != "GeluMlp") continue;
+      CHECK((n->attr_int("layer_norm", 0) == 1) == c.norm);
+      CHECK((n->attr_int("residual", 0) == 1) == c.residual);
+      CHECK(n->num_inputs() == (c.norm ? 7u : 5u));
+      if (c.norm) CHECK(n->attr_float("epsilon", 0.0f) == 1e-6f);
+    }
+  }
+}
+
 TEST_CASE("fuse_gelu_mlp leaves guarded patterns alone", "[passes][fuse]") {
   auto unchanged = [](const Options& o) {
     Model m = mlp_model(o);
@@ -145,8 +205,10 @@ TEST_CASE("fuse_gelu_mlp on the exported transformers fuses every block and keep
     INFO(name);
     Model m = test::load_test_model(name);
     const rt::Feeds feeds = test::random_feeds(m, 9);
+    passes::FuseLayerNorm layer_norm;
     passes::FuseMatMulBias matmul_bias;
     passes::FuseGelu gelu;
+    passes::run_pass(layer_norm, m);
     passes::run_pass(matmul_bias, m);
     passes::run_pass(gelu, m);
     std::vector<std::vector<Tensor>> before;
@@ -156,6 +218,8 @@ TEST_CASE("fuse_gelu_mlp on the exported transformers fuses every block and keep
     REQUIRE(verify(m).empty());
     CHECK(test::count_ops(m, "GeluMlp") == blocks);
     CHECK(test::count_ops(m, "Gelu") == 0);
+    for (const auto& n : m.graph->nodes())  // every block is pre-norm with a residual
+      if (n->op_type == "GeluMlp") CHECK((n->attr_int("layer_norm", 0) == 1 && n->attr_int("residual", 0) == 1));
     for (int t = 0; t < 2; ++t) {
       const auto after = test::run_model(m, feeds, t + 1);
       for (size_t i = 0; i < after.size(); ++i) CHECK(test::same_bits(after[i], before[static_cast<size_t>(t)][i]));

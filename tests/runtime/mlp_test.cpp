@@ -1,7 +1,8 @@
-// mpq::GeluMlp (runtime/cpu/mlp.cpp): the same bits as the three nodes it replaces, mpq::MatMulBias ->
-// Gelu -> mpq::MatMulBias, for odd row counts, ranks, scalar biases, both approximations, on 1-3
-// threads (bands of rows) and on OpenBLAS (a DeterministicBlas scope); bad shapes, types and
-// attributes are errors naming the node.
+// mpq::GeluMlp (runtime/cpu/mlp.cpp): the same bits as the nodes it replaces, mpq::MatMulBias -> Gelu
+// -> mpq::MatMulBias (with a LayerNormalization before and a residual Add after, or either), for
+// odd row counts, ranks, empty and scalar biases, both approximations, on 1-3 threads (bands of
+// rows) and on OpenBLAS (a DeterministicBlas scope); bad shapes, types and attributes are errors
+// naming the node.
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
@@ -21,12 +22,14 @@ struct MlpShape {
   int64_t hidden = 48, out = 16;
   bool scalar_b1 = false, scalar_b2 = false;
   std::string approximate = "none";
+  bool layer_norm = false;  // LayerNormalization(x) first (epsilon 1e-6)
+  bool residual = false;    // Add(x, block) after (out == K)
 };
 
 // x -> (fused) GeluMlp -> y, or (unfused) MatMulBias -> mpq::Gelu -> MatMulBias -> y.
 Model mlp_model(const MlpShape& s, bool fused) {
   Model m;
-  m.set_opset("", 17);
+  m.set_opset("", 17);  // LayerNormalization
   m.set_opset("mpq", 1);
   Graph& g = *m.graph;
   const int64_t K = s.x.back();
@@ -36,16 +39,33 @@ Model mlp_model(const MlpShape& s, bool fused) {
   Value* b1 = g.add_initializer("b1", test::random_tensor(s.scalar_b1 ? Shape{1} : Shape{s.hidden}, 12));
   Value* w2 = g.add_initializer("w2", test::random_tensor({s.hidden, s.out}, 13, -0.5f, 0.5f));
   Value* b2 = g.add_initializer("b2", test::random_tensor(s.scalar_b2 ? Shape{1} : Shape{s.out}, 14));
+  Value* ln_scale = g.add_initializer("ln_scale", test::random_tensor({K}, 15, 0.5f, 1.5f));
+  Value* ln_bias = g.add_initializer("ln_bias", test::random_tensor({K}, 16));
   Value* y = g.add_value("y");
   if (fused) {
-    Node* n = g.add_node("GeluMlp", {x, w1, b1, w2, b2}, {y}, "mlp", "mpq");
+    std::vector<Value*> inputs = {x, w1, b1, w2, b2};
+    if (s.layer_norm) inputs.insert(inputs.end(), {ln_scale, ln_bias});
+    Node* n = g.add_node("GeluMlp", inputs, {y}, "mlp", "mpq");
     n->set_attr(Attribute::make_string("approximate", s.approximate));
+    if (s.layer_norm) {
+      n->set_attr(Attribute::make_int("layer_norm", 1));
+      n->set_attr(Attribute::make_float("epsilon", 1e-6f));
+    }
+    if (s.residual) n->set_attr(Attribute::make_int("residual", 1));
   } else {
+    Value* in = x;
+    if (s.layer_norm) {
+      in = g.add_value("normalized");
+      g.add_node("LayerNormalization", {x, ln_scale, ln_bias}, {in}, "ln")
+          ->set_attr(Attribute::make_float("epsilon", 1e-6f));
+    }
     Value* h = g.add_value("h");
     Value* a = g.add_value("a");
-    g.add_node("MatMulBias", {x, w1, b1}, {h}, "fc1", "mpq");
+    Value* block = s.residual ? g.add_value("block") : y;
+    g.add_node("MatMulBias", {in, w1, b1}, {h}, "fc1", "mpq");
     g.add_node("Gelu", {h}, {a}, "gelu", "mpq")->set_attr(Attribute::make_string("approximate", s.approximate));
-    g.add_node("MatMulBias", {a, w2, b2}, {y}, "fc2", "mpq");
+    g.add_node("MatMulBias", {a, w2, b2}, {block}, "fc2", "mpq");
+    if (s.residual) g.add_node("Add", {x, block}, {y}, "residual");
   }
   g.add_output(y);
   return m;
@@ -65,6 +85,20 @@ TEST_CASE("mpq::GeluMlp gives the bits of MatMulBias -> Gelu -> MatMulBias on an
     }
     shapes.push_back(s);
   }
+  for (const bool residual : {false, true}) {  // the pre-norm block, with and without its residual Add
+    MlpShape s;
+    s.x = {1, 17, 64};
+    s.hidden = 128;
+    s.out = residual ? 64 : 40;
+    s.layer_norm = true;
+    s.residual = residual;
+    shapes.push_back(s);
+  }
+  MlpShape add_only;
+  add_only.x = {6, 24};
+  add_only.out = 24;
+  add_only.residual = true;
+  shapes.push_back(add_only);
   MlpShape odd;
   odd.x = {7, 24};
   odd.hidden = 40;  // columns left over from whole vectors in both products
@@ -75,7 +109,8 @@ TEST_CASE("mpq::GeluMlp gives the bits of MatMulBias -> Gelu -> MatMulBias on an
   for (const std::string approximate : {"none", "tanh"})
     for (MlpShape s : shapes) {
       s.approximate = approximate;
-      INFO("x " << shape_str(s.x) << " hidden " << s.hidden << " out " << s.out << " approximate " << approximate);
+      INFO("x " << shape_str(s.x) << " hidden " << s.hidden << " out " << s.out << " approximate " << approximate
+                 << " layer_norm " << s.layer_norm << " residual " << s.residual);
       const rt::Feeds feeds{{"x", test::random_tensor(s.x, 21, -3.0f, 3.0f)}};
       const Tensor expected = test::run_model(mlp_model(s, false), feeds, 1)[0];
       for (int threads : {1, 2, 3}) {
@@ -113,6 +148,20 @@ TEST_CASE("mpq::GeluMlp refuses bad shapes, types and attributes, naming the nod
     Model m = mlp_model(s, true);
     m.graph->set_initializer(m.graph->find("b2"), test::random_tensor({3}, 1));
     CHECK_THROWS_WITH(run(std::move(m), {4, 24}), Catch::Contains("mlp") && Catch::Contains("biases"));
+  }
+  SECTION("layer_norm = 1 without its scale and bias") {
+    MlpShape s;
+    s.x = {4, 24};
+    Model m = mlp_model(s, true);
+    m.graph->nodes()[0]->set_attr(Attribute::make_int("layer_norm", 1));
+    CHECK_THROWS_WITH(run(std::move(m), {4, 24}), Catch::Contains("mlp") && Catch::Contains("scale and bias"));
+  }
+  SECTION("residual = 1 where the block changes the row's width") {
+    MlpShape s;
+    s.x = {4, 24};
+    Model m = mlp_model(s, true);  // out 16
+    m.graph->nodes()[0]->set_attr(Attribute::make_int("residual", 1));
+    CHECK_THROWS_WITH(run(std::move(m), {4, 24}), Catch::Contains("mlp") && Catch::Contains("residual"));
   }
   SECTION("an unknown approximation") {
     MlpShape s;

@@ -1,5 +1,8 @@
 // mpq::GeluMlp (passes/fuse_gelu_mlp): a transformer's feed-forward block, Y = (Gelu(X W1 + b1)) W2 +
-// b2, for small constant W1 [K, H] and W2 [H, N], in one kernel.
+// b2, for small constant W1 [K, H] and W2 [H, N], in one kernel. With the attribute layer_norm = 1
+// X is first normalised over its K values (inputs 5 and 6: LayerNormalization's scale and bias,
+// the attribute epsilon); with residual = 1 the block's own input is added to Y (N == K): the
+// pre-norm block Y = X + MLP(LayerNorm(X)) as one node.
 //
 // Why: run as three nodes, each product and the Gelu is a parallel loop of its own. At batch 1 (16-17
 // tokens) each is a few microseconds, and splitting one over two threads meant the other core
@@ -22,6 +25,7 @@
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/conv_common.h"
 #include "runtime/cpu/gemm_small.h"
+#include "runtime/cpu/norm.h"
 #include "runtime/cpu/register_all.h"
 #include "runtime/cpu/unary.h"
 #include "runtime/kernel.h"
@@ -76,6 +80,22 @@ void gelu_mlp_kernel(KernelContext& ctx) {
   if (approximate != "none" && approximate != "tanh")
     ctx.fail("Gelu approximate must be 'none' or 'tanh', got '{}'", approximate);
   const bool tanh = approximate == "tanh";
+  const bool layer_norm = ctx.node().attr_int("layer_norm", 0) != 0;
+  const bool residual = ctx.node().attr_int("residual", 0) != 0;
+  const double epsilon = ctx.node().attr_float("epsilon", 1e-5f);  // as LayerNormalization reads it
+  const float* ln_scale = nullptr;
+  const float* ln_bias = nullptr;
+  if (layer_norm) {
+    if (ctx.num_inputs() < 7) ctx.fail("layer_norm = 1 needs the scale and bias as inputs 5 and 6");
+    const Tensor& s = ctx.input(5);
+    const Tensor& b = ctx.input(6);
+    if (s.dtype() != DType::Float32 || b.dtype() != DType::Float32 || s.numel() != K || b.numel() != K)
+      ctx.fail("the layer norm's scale {} and bias {} must be float32 with {} values", shape_str(s.shape()),
+               shape_str(b.shape()), K);
+    ln_scale = s.data<float>();
+    ln_bias = b.data<float>();
+  }
+  if (residual && N != K) ctx.fail("residual = 1 needs as many outputs as inputs per row, got {} and {}", N, K);
   Shape yshape(x.shape().begin(), x.shape().end() - 1);
   yshape.push_back(N);
   Tensor& y = ctx.alloc_output(0, DType::Float32, yshape);
@@ -89,30 +109,52 @@ void gelu_mlp_kernel(KernelContext& ctx) {
   float* yp = y.data<float>();
   const bool b1_columns = b1.numel() == H, b2_columns = b2.numel() == N;
   const bool small = K > 0 && H > 0 && small_gemm_applies(false, false, K, H) && small_gemm_applies(false, false, H, N);
+  // The residual Add of the unfused graph, x + y, after the block: IEEE addition is commutative, so
+  // either operand order gives these bits.
+  auto add_input = [&](int64_t r0, int64_t rows) {
+    float* yr = yp + r0 * N;
+    const float* xr = xp + r0 * K;
+    for (int64_t i = 0; i < rows * N; ++i) yr[i] = xr[i] + yr[i];
+  };
   if (!small) {
     // As the unfused nodes would without mpq's kernel, on OpenBLAS (whose sums depend on the rows
     // it is given together, so it runs whole).
+    std::vector<float> normalized;
+    const float* in = xp;
+    if (layer_norm) {
+      normalized.resize(static_cast<size_t>(M * K));
+      layernorm_rows_float(xp, normalized.data(), ln_scale, ln_bias, K, epsilon, M);
+      in = normalized.data();
+    }
     std::vector<float> hidden(static_cast<size_t>(M * H));
     fill_bias_rows(hidden.data(), M, H, b1p, b1_columns);
-    if (K > 0 && H > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, xp, K, w1p, H, 1.0f, hidden.data(), H);
+    if (K > 0 && H > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, in, K, w1p, H, 1.0f, hidden.data(), H);
     gelu_range(tanh, hidden.data(), hidden.data(), M * H);
     fill_bias_rows(yp, M, N, b2p, b2_columns);
     if (H > 0) blas_gemm_rows(ctx.pool(), false, false, M, N, H, 1.0f, hidden.data(), H, w2p, N, 1.0f, yp, N);
+    if (residual) add_input(0, M);
     return;
   }
   const SmallGemmIsa isa = small_gemm_isa();
   const int64_t band = rows_per_band(M, K * H + H * N, ctx.pool().size());
   ctx.pool().parallel_for(M, band, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> hidden;
+    thread_local std::vector<float> hidden, normalized;
     hidden.resize(static_cast<size_t>(kRowsPerBlock * H));
+    if (layer_norm) normalized.resize(static_cast<size_t>(kRowsPerBlock * K));
     for (int64_t r0 = lo; r0 < hi; r0 += kRowsPerBlock) {
       const int64_t rows = std::min(kRowsPerBlock, hi - r0);
+      const float* in = xp + r0 * K;
+      if (layer_norm) {
+        layernorm_rows_float(in, normalized.data(), ln_scale, ln_bias, K, epsilon, rows);
+        in = normalized.data();
+      }
       float* h = hidden.data();
       fill_bias_rows(h, rows, H, b1p, b1_columns);
-      small_gemm_rows_on(isa, false, 0, rows, H, K, 1.0f, xp + r0 * K, K, w1p, H, 1.0f, h, H);
+      small_gemm_rows_on(isa, false, 0, rows, H, K, 1.0f, in, K, w1p, H, 1.0f, h, H);
       gelu_range(tanh, h, h, rows * H);
       fill_bias_rows(yp + r0 * N, rows, N, b2p, b2_columns);
       small_gemm_rows_on(isa, false, 0, rows, N, H, 1.0f, h, H, w2p, N, 1.0f, yp + r0 * N, N);
+      if (residual) add_input(r0, rows);
     }
   });
 }

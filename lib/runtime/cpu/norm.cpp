@@ -12,6 +12,7 @@
 #include "runtime/cpu/common.h"
 #include "runtime/cpu/math_reduce.h"
 #include "runtime/cpu/math_util.h"
+#include "runtime/cpu/norm.h"
 #include "runtime/cpu/register_all.h"
 #include "runtime/cpu/unary.h"
 
@@ -427,6 +428,11 @@ void mvn_kernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+void layernorm_rows_float(const float* x, float* y, const float* scale, const float* bias, int64_t d, double epsilon,
+                          int64_t rows) {
+  layernorm_float_rows(x, y, scale, bias, d, epsilon, nullptr, nullptr, 0, rows);
+}
 
 void register_norm(OpRegistry& r) {
   const auto cpu = BackendKind::CPU;
