@@ -137,6 +137,7 @@ void FuseGeluMlp::apply(ir::Model& model, ir::Node& node, PassStats& stats) {
   if (ln) {
     mlp->set_attr(ir::Attribute::make_int("layer_norm", 1));
     mlp->set_attr(ir::Attribute::make_float("epsilon", epsilon));
+    mlp->set_attr(ir::Attribute::make_int("axis", ln->attr_int("axis", -1)));  // checked against X's rank
   }
   if (add) mlp->set_attr(ir::Attribute::make_int("residual", 1));
   if (model.opset("mpq") == 0) model.set_opset("mpq", 1);

@@ -33,6 +33,8 @@ struct Options {
   bool pre_norm = false;             // x -> LayerNormalization -> block -> Add(x, .) (out == k)
   bool normalized_read_twice = false;  // with pre_norm: the LayerNorm's output also feeds a Neg
   bool add_other = false;            // with pre_norm: the Add adds another input, not x
+  bool mean_read = false;            // with pre_norm: the LayerNorm's Mean output is a graph output
+  int64_t ln_axis = -1;              // with pre_norm: the LayerNorm's axis
 };
 
 // x[2, 9, K] -> MatMulBias(W1, b1) -> Gelu -> MatMulBias(W2, b2) -> y
@@ -46,11 +48,15 @@ Model mlp_model(const Options& o) {
   Value* in = x;
   if (o.pre_norm) {
     in = g.add_value("normalized");
-    g.add_node("LayerNormalization",
-               {x, g.add_initializer("ln_scale", test::random_tensor({o.k}, 6, 0.5f, 1.5f)),
-                g.add_initializer("ln_bias", test::random_tensor({o.k}, 7))},
-               {in}, "ln")
-        ->set_attr(Attribute::make_float("epsilon", 1e-6f));
+    std::vector<Value*> outs = {in};
+    if (o.mean_read) outs.push_back(g.add_value("mean"));
+    Node* ln = g.add_node("LayerNormalization",
+                          {x, g.add_initializer("ln_scale", test::random_tensor({o.k}, 6, 0.5f, 1.5f)),
+                           g.add_initializer("ln_bias", test::random_tensor({o.k}, 7))},
+                          outs, "ln");
+    ln->set_attr(Attribute::make_float("epsilon", 1e-6f));
+    ln->set_attr(Attribute::make_int("axis", o.ln_axis));
+    if (o.mean_read) g.add_output(outs[1]);
   }
   Value* w1 = g.add_initializer("w1", test::random_tensor({o.k, o.hidden}, 2, -0.5f, 0.5f));
   Value* b1 = g.add_initializer("b1", test::random_tensor({o.hidden}, 3));
@@ -139,8 +145,10 @@ TEST_CASE("fuse_gelu_mlp folds a pre-norm block's LayerNorm and residual Add in 
     bool read_twice, add_other;
     size_t nodes;         // after the pass
     bool norm, residual;  // folded into the node
+    bool mean_read = false;
   };
   for (const Case& c : {Case{"the whole block", false, false, 1, true, true},
+                        Case{"the LayerNorm's Mean read (a graph output)", false, false, 3, false, false, true},
                         Case{"the LayerNorm's output read elsewhere (the Add then adds what the node does not read)", true, false, 4, false, false},
                         Case{"an Add of another tensor", false, true, 2, true, false}}) {
     INFO(c.what);
@@ -149,6 +157,7 @@ TEST_CASE("fuse_gelu_mlp folds a pre-norm block's LayerNorm and residual Add in 
     o.pre_norm = true;
     o.normalized_read_twice = c.read_twice;
     o.add_other = c.add_other;
+    o.mean_read = c.mean_read;
     Model m = mlp_model(o);
     CHECK(fuse_and_compare(m).changed == 1);
     CHECK(m.graph->num_nodes() == c.nodes);
@@ -161,6 +170,19 @@ TEST_CASE("fuse_gelu_mlp folds a pre-norm block's LayerNorm and residual Add in 
       if (c.norm) CHECK(n->attr_float("epsilon", 0.0f) == 1e-6f);
     }
   }
+}
+
+TEST_CASE("fuse_gelu_mlp folds no LayerNorm over more than the last axis", "[passes][fuse]") {
+  Options o;
+  o.k = o.out = 24;
+  o.pre_norm = true;
+  o.ln_axis = 1;  // over [9, K] (its scale would need that shape too: the pass alone here)
+  Model m = mlp_model(o);
+  passes::FuseGeluMlp pass;
+  CHECK(passes::run_pass(pass, m).changed == 1);
+  CHECK(test::count_ops(m, "LayerNormalization") == 1);
+  for (const auto& n : m.graph->nodes())
+    if (n->op_type == "GeluMlp") CHECK(n->attr_int("layer_norm", 0) == 0);
 }
 
 TEST_CASE("fuse_gelu_mlp leaves guarded patterns alone", "[passes][fuse]") {

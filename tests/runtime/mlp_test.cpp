@@ -123,14 +123,19 @@ TEST_CASE("mpq::GeluMlp gives the bits of MatMulBias -> Gelu -> MatMulBias on an
 }
 
 TEST_CASE("mpq::GeluMlp on OpenBLAS where mpq's small-B kernel is off keeps the unfused bits", "[runtime][mlp]") {
-  MlpShape s;
-  s.x = {9, 24};
-  const rt::Feeds feeds{{"x", test::random_tensor(s.x, 31, -3.0f, 3.0f)}};
-  rt::cpu::DeterministicBlas blas;  // small_gemm_applies is false on this thread
-  REQUIRE_FALSE(rt::cpu::small_gemm_applies(false, false, 24, s.hidden));
-  const Tensor expected = test::run_model(mlp_model(s, false), feeds, 1)[0];
-  const Tensor got = test::run_model(mlp_model(s, true), feeds, 1)[0];
-  CHECK(test::same_bits(got, expected));
+  for (const bool block : {false, true}) {  // with the LayerNorm and the residual Add, or without
+    MlpShape s;
+    s.x = {9, 24};
+    s.layer_norm = s.residual = block;
+    if (block) s.out = 24;
+    INFO("layer_norm and residual " << block);
+    const rt::Feeds feeds{{"x", test::random_tensor(s.x, 31, -3.0f, 3.0f)}};
+    rt::cpu::DeterministicBlas blas;  // small_gemm_applies is false on this thread
+    REQUIRE_FALSE(rt::cpu::small_gemm_applies(false, false, 24, s.hidden));
+    const Tensor expected = test::run_model(mlp_model(s, false), feeds, 1)[0];
+    const Tensor got = test::run_model(mlp_model(s, true), feeds, 1)[0];
+    CHECK(test::same_bits(got, expected));
+  }
 }
 
 TEST_CASE("mpq::GeluMlp refuses bad shapes, types and attributes, naming the node", "[runtime][mlp]") {
@@ -155,6 +160,14 @@ TEST_CASE("mpq::GeluMlp refuses bad shapes, types and attributes, naming the nod
     Model m = mlp_model(s, true);
     m.graph->nodes()[0]->set_attr(Attribute::make_int("layer_norm", 1));
     CHECK_THROWS_WITH(run(std::move(m), {4, 24}), Catch::Contains("mlp") && Catch::Contains("scale and bias"));
+  }
+  SECTION("a layer norm axis other than X's last") {
+    MlpShape s;
+    s.x = {2, 4, 24};
+    s.layer_norm = true;
+    Model m = mlp_model(s, true);
+    m.graph->nodes()[0]->set_attr(Attribute::make_int("axis", 1));
+    CHECK_THROWS_WITH(run(std::move(m), {2, 4, 24}), Catch::Contains("mlp") && Catch::Contains("axis"));
   }
   SECTION("residual = 1 where the block changes the row's width") {
     MlpShape s;

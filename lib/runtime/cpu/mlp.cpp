@@ -86,7 +86,12 @@ void gelu_mlp_kernel(KernelContext& ctx) {
   const float* ln_scale = nullptr;
   const float* ln_bias = nullptr;
   if (layer_norm) {
-    if (ctx.num_inputs() < 7) ctx.fail("layer_norm = 1 needs the scale and bias as inputs 5 and 6");
+    if (!ctx.has_input(5) || !ctx.has_input(6)) ctx.fail("layer_norm = 1 needs the scale and bias as inputs 5 and 6");
+    // The folded LayerNormalization's axis, kept so that a rank other than the one the pass saw fails
+    // here instead of normalising over other values.
+    const int64_t axis = ctx.node().attr_int("axis", -1);
+    if (axis != -1 && axis != x.rank() - 1)
+      ctx.fail("the layer norm's axis {} is not the last of X {}", axis, shape_str(x.shape()));
     const Tensor& s = ctx.input(5);
     const Tensor& b = ctx.input(6);
     if (s.dtype() != DType::Float32 || b.dtype() != DType::Float32 || s.numel() != K || b.numel() != K)
@@ -110,7 +115,9 @@ void gelu_mlp_kernel(KernelContext& ctx) {
   const bool b1_columns = b1.numel() == H, b2_columns = b2.numel() == N;
   const bool small = K > 0 && H > 0 && small_gemm_applies(false, false, K, H) && small_gemm_applies(false, false, H, N);
   // The residual Add of the unfused graph, x + y, after the block: IEEE addition is commutative, so
-  // either operand order gives these bits.
+  // either operand order gives these bits (but for which payload a sum of two NaNs keeps). Y is a
+  // buffer of its own (alloc_output: new memory or a Concat's slice, never X's), so X's rows are
+  // still X's here.
   auto add_input = [&](int64_t r0, int64_t rows) {
     float* yr = yp + r0 * N;
     const float* xr = xp + r0 * K;
