@@ -122,24 +122,27 @@ void FuseGeluMlp::apply(ir::Model& model, ir::Node& node, PassStats& stats) {
   }
   ir::Value* out = add ? add->output(0) : second->output(0);
   const std::string approximate = node.attr_string("approximate", "none");
+  // Everything read from the folded nodes is read before they are removed.
   const float epsilon = ln ? ln->attr_float("epsilon", 1e-5f) : 1e-5f;
+  const int64_t axis = ln ? ln->attr_int("axis", -1) : -1;
   const std::string name = node.name.empty() ? std::string() : node.name + "_mlp";
   std::string what = fmt::format("{}, {} and {}", first->label(), node.label(), second->label());
   if (ln) what = ln->label() + ", " + what;
   if (add) what += " with " + add->label();
-  if (add) g.remove_node(add);
+  const bool folds_norm = ln != nullptr, folds_add = add != nullptr;  // the nodes are gone below
+  if (folds_add) g.remove_node(add);
   g.remove_node(second);
   g.remove_node(&node);
   g.remove_node(first);
-  if (ln) g.remove_node(ln);
+  if (folds_norm) g.remove_node(ln);
   ir::Node* mlp = g.add_node("GeluMlp", inputs, {out}, name, "mpq");
   mlp->set_attr(ir::Attribute::make_string("approximate", approximate));
-  if (ln) {
+  if (folds_norm) {
     mlp->set_attr(ir::Attribute::make_int("layer_norm", 1));
     mlp->set_attr(ir::Attribute::make_float("epsilon", epsilon));
-    mlp->set_attr(ir::Attribute::make_int("axis", ln->attr_int("axis", -1)));  // checked against X's rank
+    mlp->set_attr(ir::Attribute::make_int("axis", axis));  // checked against X's rank
   }
-  if (add) mlp->set_attr(ir::Attribute::make_int("residual", 1));
+  if (folds_add) mlp->set_attr(ir::Attribute::make_int("residual", 1));
   if (model.opset("mpq") == 0) model.set_opset("mpq", 1);
   ++stats.changed;
   stats.notes.push_back(fmt::format("fused {} into one GeluMlp", what));
