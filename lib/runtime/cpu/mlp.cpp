@@ -114,55 +114,51 @@ void gelu_mlp_kernel(KernelContext& ctx) {
   float* yp = y.data<float>();
   const bool b1_columns = b1.numel() == H, b2_columns = b2.numel() == N;
   const bool small = K > 0 && H > 0 && small_gemm_applies(false, false, K, H) && small_gemm_applies(false, false, H, N);
-  // The residual Add of the unfused graph, x + y, after the block: IEEE addition is commutative, so
-  // either operand order gives these bits (but for which payload a sum of two NaNs keeps). Y is a
-  // buffer of its own (alloc_output: new memory or a Concat's slice, never X's), so X's rows are
-  // still X's here.
-  auto add_input = [&](int64_t r0, int64_t rows) {
+  // Rows [r0, r0 + rows) through every step, with `normalized` (rows x K, where layer_norm) and
+  // `hidden` (rows x H) as scratch, and `product(m, n, k, a, b, c)` for C[m, n] += A[m, k] B[k, n].
+  auto run_rows = [&](int64_t r0, int64_t rows, float* normalized, float* hidden, const auto& product) {
+    const float* in = xp + r0 * K;
+    if (layer_norm) {
+      layernorm_rows_float(in, normalized, ln_scale, ln_bias, K, epsilon, rows);
+      in = normalized;
+    }
     float* yr = yp + r0 * N;
-    const float* xr = xp + r0 * K;
-    for (int64_t i = 0; i < rows * N; ++i) yr[i] = xr[i] + yr[i];
+    fill_bias_rows(hidden, rows, H, b1p, b1_columns);
+    product(rows, H, K, in, w1p, hidden);
+    gelu_range(tanh, hidden, hidden, rows * H);
+    fill_bias_rows(yr, rows, N, b2p, b2_columns);
+    product(rows, N, H, hidden, w2p, yr);
+    // The residual Add of the unfused graph, x + y: IEEE addition is commutative, so either
+    // operand order gives these bits (but for which payload a sum of two NaNs keeps). Y is a
+    // buffer of its own (alloc_output: new memory or a Concat's slice, never X's), so X's rows are
+    // still X's here.
+    if (residual) {
+      const float* xr = xp + r0 * K;
+      for (int64_t i = 0; i < rows * N; ++i) yr[i] = xr[i] + yr[i];
+    }
   };
   if (!small) {
     // As the unfused nodes would without mpq's kernel, on OpenBLAS (whose sums depend on the rows
     // it is given together, so it runs whole).
-    std::vector<float> normalized;
-    const float* in = xp;
-    if (layer_norm) {
-      normalized.resize(static_cast<size_t>(M * K));
-      layernorm_rows_float(xp, normalized.data(), ln_scale, ln_bias, K, epsilon, M);
-      in = normalized.data();
-    }
+    std::vector<float> normalized(layer_norm ? static_cast<size_t>(M * K) : 0);
     std::vector<float> hidden(static_cast<size_t>(M * H));
-    fill_bias_rows(hidden.data(), M, H, b1p, b1_columns);
-    if (K > 0 && H > 0) blas_gemm_rows(ctx.pool(), false, false, M, H, K, 1.0f, in, K, w1p, H, 1.0f, hidden.data(), H);
-    gelu_range(tanh, hidden.data(), hidden.data(), M * H);
-    fill_bias_rows(yp, M, N, b2p, b2_columns);
-    if (H > 0) blas_gemm_rows(ctx.pool(), false, false, M, N, H, 1.0f, hidden.data(), H, w2p, N, 1.0f, yp, N);
-    if (residual) add_input(0, M);
+    run_rows(0, M, normalized.data(), hidden.data(),
+             [&](int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+               if (k > 0 && n > 0) blas_gemm_rows(ctx.pool(), false, false, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n);
+             });
     return;
   }
   const SmallGemmIsa isa = small_gemm_isa();
+  auto small_product = [isa](int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+    small_gemm_rows_on(isa, false, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n);
+  };
   const int64_t band = rows_per_band(M, K * H + H * N, ctx.pool().size());
   ctx.pool().parallel_for(M, band, [&](int64_t lo, int64_t hi) {
     thread_local std::vector<float> hidden, normalized;
     hidden.resize(static_cast<size_t>(kRowsPerBlock * H));
     if (layer_norm) normalized.resize(static_cast<size_t>(kRowsPerBlock * K));
-    for (int64_t r0 = lo; r0 < hi; r0 += kRowsPerBlock) {
-      const int64_t rows = std::min(kRowsPerBlock, hi - r0);
-      const float* in = xp + r0 * K;
-      if (layer_norm) {
-        layernorm_rows_float(in, normalized.data(), ln_scale, ln_bias, K, epsilon, rows);
-        in = normalized.data();
-      }
-      float* h = hidden.data();
-      fill_bias_rows(h, rows, H, b1p, b1_columns);
-      small_gemm_rows_on(isa, false, 0, rows, H, K, 1.0f, in, K, w1p, H, 1.0f, h, H);
-      gelu_range(tanh, h, h, rows * H);
-      fill_bias_rows(yp + r0 * N, rows, N, b2p, b2_columns);
-      small_gemm_rows_on(isa, false, 0, rows, N, H, 1.0f, h, H, w2p, N, 1.0f, yp + r0 * N, N);
-      if (residual) add_input(r0, rows);
-    }
+    for (int64_t r0 = lo; r0 < hi; r0 += kRowsPerBlock)
+      run_rows(r0, std::min(kRowsPerBlock, hi - r0), normalized.data(), hidden.data(), small_product);
   });
 }
 
